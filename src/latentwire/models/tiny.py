@@ -1,0 +1,70 @@
+"""Tiny random-weight models of the three bundled architectures, built from configs (no files).
+
+They keep what matters for exactness tests: GQA (Llama, Qwen2), Gemma3's hybrid sliding/global
+layers with their two RoPE bases and √d embedding scale, and a tokenizer with a chat template.
+"""
+from __future__ import annotations
+
+import torch
+
+TINY_ARCHS = ("llama", "gemma3", "qwen2")
+_SPECIALS = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+_CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def tiny_tokenizer():
+    """Byte-level tokenizer (256 byte symbols + ChatML specials), built in memory."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {tok: i for i, tok in enumerate(_SPECIALS + sorted(alphabet))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
+                                   eos_token="<|im_end|>", additional_special_tokens=["<|im_start|>", "</s>"])
+    fast.chat_template = _CHATML
+    return fast
+
+
+TINY_VOCAB = 264  # ≥ len(tiny_tokenizer()) == 261
+
+
+def tiny_config(arch: str, **overrides):
+    from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config
+
+    common = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                  max_position_embeddings=1024, tie_word_embeddings=True, bos_token_id=1, eos_token_id=4,
+                  pad_token_id=0)
+    if arch == "llama":
+        cfg = LlamaConfig(**common | dict(num_hidden_layers=3, num_key_value_heads=2, head_dim=16) | overrides)
+    elif arch == "qwen2":
+        cfg = Qwen2Config(**common | dict(num_hidden_layers=3, num_key_value_heads=2,
+                                          rope_parameters={"rope_type": "default", "rope_theta": 1e6}) | overrides)
+    elif arch == "gemma3":
+        cfg = Gemma3TextConfig(**common | dict(
+            num_hidden_layers=6, num_key_value_heads=1, head_dim=32, sliding_window=8, query_pre_attn_scalar=32,
+            rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                             "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0}},
+        ) | overrides)
+    else:
+        from ..errors import UnknownNameError
+
+        raise UnknownNameError("tiny architecture", arch, TINY_ARCHS)
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def tiny_model(arch: str, seed: int = 0, **overrides):
+    """A random-weight causal LM in eval mode, fp32, deterministic given the seed."""
+    from transformers import AutoModelForCausalLM, Gemma3ForCausalLM
+
+    config = tiny_config(arch, **overrides)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = Gemma3ForCausalLM(config) if arch == "gemma3" else AutoModelForCausalLM.from_config(config)
+    return model.eval()
