@@ -1,0 +1,284 @@
+"""An agent: one frozen causal LM + tokenizer + chat template, with exact KV state in and out.
+
+    state = agent.prefill([{"role": "user", "content": doc}])   # KVState, T = H rows
+    state = agent.think(state, steps=40)                         # + G latent rows
+    reply = agent.answer("Who ...?", message=state)              # full-KV message before the prompt
+
+Every call appends a `CallRecord` (wall time, rows in, tokens out, context) to `agent.calls`.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Literal, Sequence, Union
+
+import torch
+from transformers.cache_utils import DynamicCache
+
+from .errors import ContextOverflowError, StateFormatError, UnknownNameError
+from .message import Rows
+from .models import load, tokenizer_fingerprint
+from .state import Geometry, KVState
+
+log = logging.getLogger("latentwire")
+
+Chat = Union[str, Sequence[dict]]
+Message = Union[None, str, KVState, Rows]
+LATENT_MODES = ("rescale", "realign")
+SLOT = "\u2063MESSAGE\u2063"  # placeholder for a message inside the receiver's prompt
+MESSAGE_PROMPT = "Notes from other agents:\n" + SLOT + "\n\nQuestion: {question}\nAnswer briefly."
+KV_PROMPT = "Using the information above, answer briefly: {question}"
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    op: str  # "prefill" | "think" | "answer"
+    seconds: float
+    rows_in: int  # rows this call ran through the model (prompt tokens, message rows, latent steps)
+    tokens_out: int  # tokens generated
+    context: int  # rows in the model's cache when the call ended
+
+
+@dataclass(frozen=True)
+class Answer:
+    text: str
+    token_ids: tuple[int, ...]
+    prompt_tokens: int  # the receiver's own prompt tokens
+    message_rows: int  # context rows contributed by the message (KV rows, re-prefilled rows or text tokens)
+    context: int  # receiver context at the end: message + prompt + generated
+    prefill_seconds: float
+    decode_seconds: float
+
+    @property
+    def seconds(self) -> float:
+        return self.prefill_seconds + self.decode_seconds
+
+
+class Agent:
+    def __init__(self, model, tokenizer, model_name: str, context_window: int | None = None):
+        self.model, self.tokenizer, self.model_name = model.eval(), tokenizer, model_name
+        config = model.config.get_text_config(decoder=True)
+        self.context_window = context_window or int(config.max_position_embeddings)
+        self.calls: list[CallRecord] = []
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str = "smollm2-135m", **kw) -> "Agent":
+        model, tokenizer, name = load(name_or_path)
+        return cls(model, tokenizer, name, **kw)
+
+    @cached_property
+    def geometry(self) -> Geometry:
+        return Geometry.from_model(self.model, self.model_name, tokenizer_fingerprint(self.tokenizer))
+
+    # -- tokens and embeddings ---------------------------------------------------------------
+    def chat_ids(self, chat: Chat, add_generation_prompt: bool = True) -> list[int]:
+        return self.tokenizer(self.chat_text(chat, add_generation_prompt), add_special_tokens=False)["input_ids"]
+
+    def chat_text(self, chat: Chat, add_generation_prompt: bool = True) -> str:
+        messages = [{"role": "user", "content": chat}] if isinstance(chat, str) else list(chat)
+        if self.tokenizer.chat_template:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                      add_generation_prompt=add_generation_prompt)
+        # Base models without a template: a plain transcript, BOS first when the model has one.
+        text = (self.tokenizer.bos_token or "") + "".join(f"{m['role'].capitalize()}: {m['content']}\n\n"
+                                                          for m in messages)
+        return text + ("Assistant:" if add_generation_prompt else "")
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """Input embeddings exactly as the model computes them (Gemma's √d scale included)."""
+        return self.model.get_input_embeddings()(torch.as_tensor(ids, dtype=torch.long))
+
+    @cached_property
+    def _input_matrix(self) -> torch.Tensor:  # (V, d): effective input embeddings of every token
+        emb = self.model.get_input_embeddings()
+        return emb.weight.detach() * getattr(emb, "embed_scale", torch.tensor(1.0)).to(emb.weight.dtype)
+
+    @cached_property
+    def mean_embedding_norm(self) -> float:
+        return float(self._input_matrix.norm(dim=-1).mean())
+
+    @cached_property
+    def realign_matrix(self) -> torch.Tensor:
+        """LatentMAS W_a: ridge least squares from the output space to the input space, W_out W_a ≈ W_in."""
+        w_out = self.model.get_output_embeddings().weight.detach().double()  # (V, d)
+        w_in = self._input_matrix.double()  # (V, d)
+        gram = w_out.T @ w_out
+        ridge = 1e-5 * gram.diagonal().mean()
+        return torch.linalg.solve(gram + ridge * torch.eye(gram.shape[0], dtype=gram.dtype),
+                                  w_out.T @ w_in).to(self._input_matrix.dtype)  # (d, d)
+
+    def latent_vector(self, hidden: torch.Tensor, mode: str = "rescale") -> torch.Tensor:
+        """Map a last-layer hidden state (d,) to the next input embedding (d,).
+
+        rescale (CacheBack): h scaled to the mean token-embedding norm.
+        realign (LatentMAS): h @ W_a, then scaled to that same norm.
+        """
+        if mode not in LATENT_MODES:
+            raise UnknownNameError("latent mode", mode, LATENT_MODES)
+        v = hidden @ self.realign_matrix if mode == "realign" else hidden
+        return v * (self.mean_embedding_norm / v.norm().clamp_min(1e-12))
+
+    # -- forward ----------------------------------------------------------------------------
+    def _forward(self, cache: DynamicCache, start: int, ids=None, embeds=None) -> torch.Tensor:
+        """Run n new rows at positions start..start+n-1 through the model; returns (n, d) final hidden."""
+        n = (ids if ids is not None else embeds).shape[-2 if embeds is not None else -1]
+        pos = torch.arange(start, start + n)[None]
+        out = self.model.model(input_ids=None if ids is None else torch.as_tensor(ids).reshape(1, -1),
+                               inputs_embeds=None if embeds is None else embeds.reshape(1, n, -1),
+                               past_key_values=cache, position_ids=pos, use_cache=True)
+        return out.last_hidden_state[0]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The model's next-token logits from final hidden states (Gemma's soft-capping included)."""
+        logits = self.model.lm_head(hidden)
+        cap = getattr(self.model.config.get_text_config(decoder=True), "final_logit_softcapping", None)
+        return torch.tanh(logits / cap) * cap if cap else logits
+
+    def _check_window(self, **parts: int) -> None:
+        needed = sum(parts.values())
+        if needed > self.context_window:
+            raise ContextOverflowError(needed, self.context_window, parts)
+
+    def _record(self, op, t0, rows_in, tokens_out, context) -> None:
+        self.calls.append(CallRecord(op, time.perf_counter() - t0, rows_in, tokens_out, context))
+
+    # -- the three verbs --------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill(self, chat: Chat, add_generation_prompt: bool = True) -> KVState:
+        t0 = time.perf_counter()
+        ids = self.chat_ids(chat, add_generation_prompt)
+        self._check_window(prompt=len(ids))
+        cache = DynamicCache(config=self.model.config)
+        hidden = self._forward(cache, 0, ids=torch.tensor(ids))
+        state = KVState.from_cache(cache, self.geometry, torch.tensor(ids), last_hidden=hidden[-1].clone())
+        self._record("prefill", t0, len(ids), 0, len(state))
+        return state
+
+    @torch.inference_mode()
+    def think(self, state: KVState, steps: int, mode: str = "rescale") -> KVState:
+        """Run `steps` latent steps: the last hidden state, mapped back to the input space, is the next input."""
+        if steps < 0:
+            raise ValueError(f"latent steps must be ≥ 0, got {steps}")
+        if mode not in LATENT_MODES:
+            raise UnknownNameError("latent mode", mode, LATENT_MODES)
+        t0 = time.perf_counter()
+        if steps == 0:  # explicit: the message is then the prefill state alone, never "no message"
+            log.info("think(steps=0): no latent steps; the state (%d rows) is sent as prefilled", len(state))
+            self._record("think", t0, 0, 0, len(state))
+            return state
+        if state.last_hidden is None:
+            raise StateFormatError("state has no last_hidden (it was selected, concatenated or re-rotated "
+                                   "unevenly); latent steps continue only from a prefill/think state")
+        self.geometry.check_same(state.geometry)
+        self._check_window(state=len(state), latent_steps=steps)
+        cache, hidden, latents = state.compact().to_cache(), state.last_hidden, []
+        for i in range(steps):
+            e = self.latent_vector(hidden, mode)  # (d,)
+            hidden = self._forward(cache, len(state) + i, embeds=e[None])[-1]
+            latents.append(e)
+        token_ids = torch.cat([state.token_ids, torch.full((steps,), -1, dtype=torch.int64)])
+        out = KVState.from_cache(cache, self.geometry, token_ids, torch.cat([state.latents, torch.stack(latents)]),
+                                 last_hidden=hidden.clone(), start=0)
+        self._record("think", t0, steps, 0, len(out))
+        return out if state.is_compact else out.rerotate(torch.cat([state.positions, state.positions[-1] + 1 +
+                                                                    torch.arange(steps)]))
+
+    def rows(self, state: KVState) -> Rows:
+        """Continuous rows of a state: token embeddings for token rows, latent inputs at the mean norm."""
+        rows = self.embed(state.token_ids.clamp_min(0))  # (T, d)
+        if state.latents.shape[0]:
+            lat = state.latents * (self.mean_embedding_norm / state.latents.norm(dim=-1, keepdim=True).clamp_min(1e-12))
+            rows[state.is_latent] = lat.to(rows.dtype)
+        return Rows(rows.detach(), state.token_ids.clone())
+
+    @torch.inference_mode()
+    def answer(self, question: Chat, message: Message = None, max_new_tokens: int = 48) -> Answer:
+        """Greedy answer to `question`, given an optional message (text, Rows or a full-KV state)."""
+        t0 = time.perf_counter()
+        if isinstance(message, KVState):
+            self.geometry.check_same(message.geometry)
+            ids = self.tokenizer(self._continuation_text(KV_PROMPT.format(question=question)),
+                                 add_special_tokens=False)["input_ids"]
+            self._check_window(message=len(message), prompt=len(ids), max_new_tokens=max_new_tokens)
+            cache, start, n_msg, prompt_tokens = message.compact().to_cache(), len(message), len(message), len(ids)
+            hidden = self._forward(cache, start, ids=torch.tensor(ids))
+        elif isinstance(message, Rows):
+            if message.embeds.shape[1] != self.geometry.hidden_size:
+                raise StateFormatError(f"rows have width {message.embeds.shape[1]}, this model's hidden size is "
+                                       f"{self.geometry.hidden_size}")
+            pre, post = self._slot_split(question)
+            self._check_window(message=len(message), prompt=len(pre) + len(post), max_new_tokens=max_new_tokens)
+            embeds = torch.cat([self.embed(pre), message.embeds.to(self.model.dtype), self.embed(post)])
+            cache, start, n_msg, prompt_tokens = DynamicCache(config=self.model.config), 0, len(message), len(pre) + len(post)
+            hidden = self._forward(cache, 0, embeds=embeds)
+        elif message is None or isinstance(message, str):
+            if message is None:
+                ids, n_msg = self.chat_ids(question), 0
+            else:
+                pre, post = self._slot_split(question)
+                ids = self.chat_ids(self._with_slot(question).replace(SLOT, message))
+                n_msg = len(ids) - len(pre) - len(post)
+            self._check_window(prompt=len(ids), max_new_tokens=max_new_tokens)
+            cache, start, prompt_tokens = DynamicCache(config=self.model.config), 0, len(ids) - n_msg
+            hidden = self._forward(cache, 0, ids=torch.tensor(ids))
+        else:
+            raise TypeError(f"a message is text, Rows or a KVState, not {type(message).__name__}")
+        start += hidden.shape[0]
+        t1 = time.perf_counter()
+        out = self._decode(cache, start, hidden[-1], max_new_tokens)
+        t2 = time.perf_counter()
+        context = n_msg + prompt_tokens + len(out)
+        self._record("answer", t0, n_msg + prompt_tokens, len(out), context)
+        return Answer(self.tokenizer.decode(out, skip_special_tokens=True).strip(), tuple(out), prompt_tokens,
+                      n_msg, context, t1 - t0, t2 - t1)
+
+    # -- helpers ----------------------------------------------------------------------------
+    def _continuation_text(self, question: str) -> str:
+        """Template text that closes the open assistant turn a message ends in, then asks `question`.
+
+        A full-KV message is another agent's prefill (ending at its generation prompt) plus latent
+        steps, i.e. an open assistant turn. Rendering a two-turn chat with sentinels and keeping the
+        tail gives this model's own turn-close and next-turn markup, with no second system prompt/BOS.
+        """
+        a, b = "\x00A\x00", "\x00B\x00"
+        head = [{"role": "user", "content": a}, {"role": "assistant", "content": b}]
+        before = self.chat_text(head, add_generation_prompt=False)
+        full = self.chat_text(head + [{"role": "user", "content": question}])
+        if not full.startswith(before) or b not in before:
+            raise StateFormatError("this chat template cannot continue a conversation; pass the question as text")
+        return before[before.index(b) + len(b):] + full[len(before):]
+
+    @staticmethod
+    def _with_slot(question: str) -> str:
+        return MESSAGE_PROMPT.format(question=question)
+
+    def _slot_split(self, question: Chat) -> tuple[list[int], list[int]]:
+        if not isinstance(question, str):
+            raise TypeError("a message slot needs the question as a string")
+        before, after = self.chat_text(self._with_slot(question)).split(SLOT)
+        tok = self.tokenizer
+        return tok(before, add_special_tokens=False)["input_ids"], tok(after, add_special_tokens=False)["input_ids"]
+
+    @cached_property
+    def _stop_ids(self) -> set[int]:
+        ids = {self.tokenizer.eos_token_id}
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        ids |= set(eos) if isinstance(eos, (list, tuple)) else {eos}
+        for tok in ("<|im_end|>", "<end_of_turn>", "<|endoftext|>"):
+            tid = self.tokenizer.convert_tokens_to_ids(tok)
+            if isinstance(tid, int) and tid != self.tokenizer.unk_token_id:
+                ids.add(tid)
+        return {i for i in ids if i is not None}
+
+    def _decode(self, cache: DynamicCache, start: int, hidden: torch.Tensor, max_new_tokens: int) -> list[int]:
+        out: list[int] = []
+        for i in range(max_new_tokens):
+            tok = int(self.logits(hidden).argmax())
+            if tok in self._stop_ids:
+                break
+            out.append(tok)
+            if i + 1 < max_new_tokens:
+                hidden = self._forward(cache, start + i, ids=torch.tensor([tok]))[-1]
+        return out

@@ -1,0 +1,73 @@
+"""Command line: `latentwire models`, `latentwire demo`."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from .errors import LatentWireError
+
+
+def _models(args) -> int:
+    from .models import ZOO
+
+    print(f"{'name':14} {'arch':7} {'layers':>6} {'kv':>3} {'head':>5} {'hidden':>6}  installed cached  install")
+    for m in ZOO.values():
+        print(f"{m.name:14} {m.arch:7} {m.num_layers:>6} {m.num_kv_heads:>3} {m.head_dim:>5} {m.hidden_size:>6}  "
+              f"{'yes' if m.installed else 'no':9} {'yes' if m.cached else 'no':6}  {m.pip}")
+    print("Any local HF model directory also works: --model /path/to/model")
+    return 0
+
+
+def _demo(args) -> int:
+    from tqdm import tqdm
+    from transformers.utils import logging as hf_logging
+
+    from .agent import Agent
+    from .demo import run_demo
+
+    hf_logging.disable_progress_bar()
+    print(f"loading {args.model} ...", flush=True)
+    agent = Agent.from_pretrained(args.model)
+    protocols = {"alone": {}, "text": {},
+                 "fullkv": {"latent_steps": args.latent_steps, "latent_mode": args.latent_mode}}
+    rows = []
+    for ep, out in run_demo(agent, protocols, args.senders, progress=lambda xs, desc: tqdm(xs, desc=desc)):
+        ok = ep.gold.lower() in out.answer.lower()
+        rows.append((out.protocol, ep.question, ok, out))
+    print(f"\nmodel {args.model}, {args.senders} senders, fullkv with {args.latent_steps} latent steps "
+          f"({args.latent_mode})\n")
+    print(f"{'protocol':8} {'ok':2} {'TTEOA s':>7} {'sender s':>8} {'recv s':>6} {'bytes':>10} {'ctx':>5}  answer")
+    for name, q, ok, out in rows:
+        ans = out.answer.replace("\n", " ")
+        print(f"{name:8} {'✓' if ok else '✗':2} {out.tteoa:7.2f} {max(out.sender_seconds, default=0):8.2f} "
+              f"{out.receiver_seconds:6.2f} {out.message_bytes:10,d} {out.receiver_context:5d}  {ans[:60]}")
+    print("\nper protocol: correct / episodes")
+    for name in protocols:
+        oks = [ok for n, _, ok, _ in rows if n == name]
+        print(f"  {name:8} {sum(oks)}/{len(oks)}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="latentwire", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("models", help="list bundled models, their geometry and install state").set_defaults(fn=_models)
+    demo = sub.add_parser("demo", help="senders read private documents, a receiver answers; every protocol")
+    demo.add_argument("--model", default="smollm2-135m", help="bundled model name or local HF directory")
+    demo.add_argument("--senders", type=int, default=3, choices=(1, 2, 3))
+    demo.add_argument("--latent-steps", type=int, default=8, help="G latent steps per sender for fullkv")
+    demo.add_argument("--latent-mode", default="rescale", choices=("rescale", "realign"))
+    demo.set_defaults(fn=_demo)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
+    try:
+        return args.fn(args)
+    except LatentWireError as e:
+        print(f"latentwire: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""A protocol moves what M senders learned from their private documents to one receiver.
+
+One file per protocol; each is a dataclass whose fields are its hyper-parameters (validated in
+`__post_init__`) with one required method, `run`. The registry is the dict below.
+"""
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import ClassVar, Sequence
+
+from ..agent import Agent
+from ..errors import UnknownNameError
+
+SENDER_PROMPT = "Read this document.\n\n{document}"
+QUESTION_SUFFIX = "\n\nQuestion: {question}"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    protocol: str
+    answer: str
+    message_bytes: int  # what crossed the wire, summed over senders
+    receiver_context: int  # rows in the receiver's context at the end of its answer
+    sender_seconds: tuple[float, ...]  # each sender's own compute (prefill, latent steps, report decoding)
+    receiver_seconds: float  # receiver prefill + decode
+    details: dict = field(default_factory=dict)
+
+    @property
+    def tteoa(self) -> float:
+        """Time to end of answer with senders running in parallel: slowest sender, then the receiver."""
+        return max(self.sender_seconds, default=0.0) + self.receiver_seconds
+
+
+@dataclass
+class Protocol(ABC):
+    name: ClassVar[str]
+    max_new_tokens: int = 48  # receiver answer length
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
+
+    @abstractmethod
+    def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
+        """Each sender reads its document; the receiver answers `question` from what they send."""
+
+    @staticmethod
+    def _pair(senders: Sequence[Agent], documents: Sequence[str]) -> list[tuple[Agent, str]]:
+        if len(senders) != len(documents):
+            raise ValueError(f"{len(senders)} senders for {len(documents)} documents")
+        return list(zip(senders, documents))
+
+
+def timed(fn, *args, **kw):
+    t0 = time.perf_counter()
+    out = fn(*args, **kw)
+    return out, time.perf_counter() - t0
+
+
+PROTOCOLS: dict[str, type[Protocol]] = {}
+
+
+def register(cls: type[Protocol]) -> type[Protocol]:
+    PROTOCOLS[cls.name] = cls
+    return cls
+
+
+def get_protocol(name: str, **params) -> Protocol:
+    if name not in PROTOCOLS:
+        raise UnknownNameError("protocol", name, PROTOCOLS)
+    return PROTOCOLS[name](**params)

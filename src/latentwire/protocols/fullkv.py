@@ -1,0 +1,48 @@
+"""Full-KV (LatentMAS): each sender's whole finished state (prefill + G latent steps) is the message.
+
+The receiver places the concatenated states (keys re-rotated to consecutive positions) before its
+own prompt, so its context grows by Σ T_i rows ("context re-expansion").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..agent import LATENT_MODES, Agent
+from ..errors import UnknownNameError
+from ..state import KVState
+from .base import QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, timed
+
+
+@register
+@dataclass
+class FullKV(Protocol):
+    name = "fullkv"
+    latent_steps: int = 40  # G; 0 sends the prefill state alone (logged, still a message)
+    latent_mode: str = "rescale"  # "rescale" (CacheBack) or "realign" (LatentMAS W_a)
+    query_aware: bool = True  # senders see the question before thinking
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.latent_steps < 0:
+            raise ValueError(f"latent_steps must be ≥ 0, got {self.latent_steps}")
+        if self.latent_mode not in LATENT_MODES:
+            raise UnknownNameError("latent mode", self.latent_mode, LATENT_MODES)
+
+    def sender_state(self, sender: Agent, document: str, question: str) -> KVState:
+        prompt = SENDER_PROMPT.format(document=document)
+        if self.query_aware:
+            prompt += QUESTION_SUFFIX.format(question=question)
+        return sender.think(sender.prefill(prompt), self.latent_steps, self.latent_mode)
+
+    def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
+        states, seconds = [], []
+        for sender, doc in self._pair(senders, documents):
+            state, dt = timed(self.sender_state, sender, doc, question)
+            states.append(state)
+            seconds.append(dt)
+        message = KVState.concat(states)
+        nbytes = sum(len(s.to_bytes()) for s in states)  # each sender ships its own state
+        reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
+        return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds,
+                       {"message_rows": len(message), "latent_steps": self.latent_steps})
