@@ -86,6 +86,7 @@ class Agent:
                                                           for m in messages)
         return text + ("Assistant:" if add_generation_prompt else "")
 
+    @torch.no_grad()
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Input embeddings exactly as the model computes them (Gemma's √d scale included)."""
         return self.model.get_input_embeddings()(torch.as_tensor(ids, dtype=torch.long))
@@ -197,42 +198,47 @@ class Agent:
     def answer(self, question: Chat, message: Message = None, max_new_tokens: int = 48) -> Answer:
         """Greedy answer to `question`, given an optional message (text, Rows or a full-KV state)."""
         t0 = time.perf_counter()
-        if isinstance(message, KVState):
-            self.geometry.check_same(message.geometry)
-            ids = self.tokenizer(self._continuation_text(KV_PROMPT.format(question=question)),
-                                 add_special_tokens=False)["input_ids"]
-            self._check_window(message=len(message), prompt=len(ids), max_new_tokens=max_new_tokens)
-            cache, start, n_msg, prompt_tokens = message.compact().to_cache(), len(message), len(message), len(ids)
-            hidden = self._forward(cache, start, ids=torch.tensor(ids))
-        elif isinstance(message, Rows):
-            if message.embeds.shape[1] != self.geometry.hidden_size:
-                raise StateFormatError(f"rows have width {message.embeds.shape[1]}, this model's hidden size is "
-                                       f"{self.geometry.hidden_size}")
-            pre, post = self._slot_split(question)
-            self._check_window(message=len(message), prompt=len(pre) + len(post), max_new_tokens=max_new_tokens)
-            embeds = torch.cat([self.embed(pre), message.embeds.to(self.model.dtype), self.embed(post)])
-            cache, start, n_msg, prompt_tokens = DynamicCache(config=self.model.config), 0, len(message), len(pre) + len(post)
-            hidden = self._forward(cache, 0, embeds=embeds)
-        elif message is None or isinstance(message, str):
-            if message is None:
-                ids, n_msg = self.chat_ids(question), 0
-            else:
-                pre, post = self._slot_split(question)
-                ids = self.chat_ids(self._with_slot(question).replace(SLOT, message))
-                n_msg = len(ids) - len(pre) - len(post)
-            self._check_window(prompt=len(ids), max_new_tokens=max_new_tokens)
-            cache, start, prompt_tokens = DynamicCache(config=self.model.config), 0, len(ids) - n_msg
-            hidden = self._forward(cache, 0, ids=torch.tensor(ids))
-        else:
-            raise TypeError(f"a message is text, Rows or a KVState, not {type(message).__name__}")
-        start += hidden.shape[0]
+        cache, start, inputs, n_msg, prompt_tokens = self._receiver_input(question, message, max_new_tokens)
+        hidden = self._forward(cache, start, **inputs)
         t1 = time.perf_counter()
-        out = self._decode(cache, start, hidden[-1], max_new_tokens)
+        out = self._decode(cache, start + hidden.shape[0], hidden[-1], max_new_tokens)
         t2 = time.perf_counter()
         context = n_msg + prompt_tokens + len(out)
         self._record("answer", t0, n_msg + prompt_tokens, len(out), context)
         return Answer(self.tokenizer.decode(out, skip_special_tokens=True).strip(), tuple(out), prompt_tokens,
                       n_msg, context, t1 - t0, t2 - t1)
+
+    def _receiver_input(self, question: Chat, message: Message, max_new_tokens: int):
+        """What the receiver prefills: (cache, start position, forward inputs, message rows, prompt tokens).
+
+        Validates the message and checks the context window before any compute.
+        """
+        if message is None:
+            ids = self.chat_ids(question)
+            self._check_window(prompt=len(ids), max_new_tokens=max_new_tokens)
+            return DynamicCache(config=self.model.config), 0, {"ids": torch.tensor(ids)}, 0, len(ids)
+        if not isinstance(question, str):
+            raise TypeError("with a message, the question must be a string")
+        if isinstance(message, KVState):  # full KV: the state is the prefix, the prompt continues after it
+            self.geometry.check_same(message.geometry)
+            ids = self.tokenizer(self._continuation_text(KV_PROMPT.format(question=question)),
+                                 add_special_tokens=False)["input_ids"]
+            self._check_window(message=len(message), prompt=len(ids), max_new_tokens=max_new_tokens)
+            return message.compact().to_cache(), len(message), {"ids": torch.tensor(ids)}, len(message), len(ids)
+        pre, post = self._slot_split(question)
+        if isinstance(message, Rows):  # continuous rows, re-prefilled inside the template slot
+            if message.embeds.shape[1] != self.geometry.hidden_size:
+                raise StateFormatError(f"rows have width {message.embeds.shape[1]}, this model's hidden size is "
+                                       f"{self.geometry.hidden_size}")
+            self._check_window(message=len(message), prompt=len(pre) + len(post), max_new_tokens=max_new_tokens)
+            embeds = torch.cat([self.embed(pre), message.embeds.to(self.model.dtype), self.embed(post)])
+            return DynamicCache(config=self.model.config), 0, {"embeds": embeds}, len(message), len(pre) + len(post)
+        if isinstance(message, str):  # text, tokenised together with the prompt around it
+            ids = self.chat_ids(self._with_slot(question).replace(SLOT, message))
+            self._check_window(prompt=len(ids), max_new_tokens=max_new_tokens)
+            n_msg = len(ids) - len(pre) - len(post)
+            return DynamicCache(config=self.model.config), 0, {"ids": torch.tensor(ids)}, n_msg, len(ids) - n_msg
+        raise TypeError(f"a message is text, Rows or a KVState, not {type(message).__name__}")
 
     # -- helpers ----------------------------------------------------------------------------
     def _continuation_text(self, question: str) -> str:
@@ -254,9 +260,7 @@ class Agent:
     def _with_slot(question: str) -> str:
         return MESSAGE_PROMPT.format(question=question)
 
-    def _slot_split(self, question: Chat) -> tuple[list[int], list[int]]:
-        if not isinstance(question, str):
-            raise TypeError("a message slot needs the question as a string")
+    def _slot_split(self, question: str) -> tuple[list[int], list[int]]:
         before, after = self.chat_text(self._with_slot(question)).split(SLOT)
         tok = self.tokenizer
         return tok(before, add_special_tokens=False)["input_ids"], tok(after, add_special_tokens=False)["input_ids"]

@@ -106,7 +106,7 @@ class Geometry:
                        int(d["head_dim"]), tuple(d["layer_types"]),
                        None if d["sliding_window"] is None else int(d["sliding_window"]),
                        tuple(sorted((t, RopeSpec.from_json(s)) for t, s in d["rope"].items())))
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, UnsupportedRopeError) as e:
             raise StateFormatError(f"header.geometry: malformed ({type(e).__name__}: {e})") from e
 
 
@@ -129,16 +129,19 @@ class KVState:
     last_hidden: torch.Tensor | None = field(default=None, repr=False)
 
     def __post_init__(self):
-        g, T = self.geometry, self.positions.shape[0]
         _check(self.positions.dtype == torch.int64 and self.positions.dim() == 1, "positions: want (T,) int64")
+        g, T = self.geometry, self.positions.shape[0]
         _check(T == 0 or bool(torch.all(self.positions[1:] > self.positions[:-1])),
                "positions: must be strictly increasing")
         _check(self.token_ids.shape == (T,) and self.token_ids.dtype == torch.int64, "token_ids: want (T,) int64")
+        _check(T == 0 or int(self.token_ids.min()) >= -1, "token_ids: ids are ≥ 0, or -1 for a latent row")
         n_lat = int((self.token_ids == -1).sum())
         _check(self.latents.shape == (n_lat, g.hidden_size),
                f"latents: want ({n_lat}, {g.hidden_size}), got {tuple(self.latents.shape)}")
         _check(len(self.layers) == g.num_layers, f"layers: want {g.num_layers}, got {len(self.layers)}")
         for i, layer in enumerate(self.layers):
+            _check(layer.positions.dtype == torch.int64 and layer.positions.dim() == 1,
+                   f"layers.{i}.positions: want (T_l,) int64")
             n = layer.positions.shape[0]
             shape = (g.num_kv_heads, n, g.head_dim)
             _check(layer.keys.shape == shape and layer.values.shape == shape,
@@ -334,9 +337,11 @@ class KVState:
             header = json.loads(meta["latentwire"])
         except (KeyError, json.JSONDecodeError, TypeError) as e:
             raise StateFormatError("metadata.latentwire: missing or not JSON") from e
+        if not isinstance(header, dict):
+            raise StateFormatError(f"metadata.latentwire: want a JSON object, got {type(header).__name__}")
         if header.get("format") != FORMAT:
             raise StateFormatError(f"header.format: want {FORMAT!r}, got {header.get('format')!r}")
-        if header.get("version") != VERSION:
+        if type(header.get("version")) is not int or header["version"] != VERSION:
             raise StateFormatError(f"header.version: unsupported {header.get('version')!r} (this build: {VERSION})")
         geometry = Geometry.from_json(header.get("geometry"))
         names = {"positions", "token_ids", "latents"} | {

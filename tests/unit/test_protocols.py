@@ -1,0 +1,84 @@
+"""Protocol registry, hyper-parameter validation, and what each protocol puts on the wire."""
+import pytest
+
+from latentwire.agent import Agent
+from latentwire.errors import UnknownNameError
+from latentwire.protocols import PROTOCOLS, Outcome, get_protocol
+from latentwire.protocols.base import QUESTION_SUFFIX, SENDER_PROMPT
+from latentwire.protocols.fullkv import FullKV
+from latentwire.protocols.text import Text
+
+DOCS = ["The cat is called Tom.", "Tom lives in Paris, near the river."]
+QUESTION = "Where does the cat live?"
+
+
+@pytest.fixture
+def agents(models, tokenizer):
+    """Two senders and a receiver, all distinct Agent objects over the tiny llama."""
+    return [Agent(models["llama"], tokenizer, model_name="llama") for _ in range(3)]
+
+
+def test_registry():
+    assert {"alone", "fullkv", "text"} <= set(PROTOCOLS)
+    with pytest.raises(UnknownNameError) as e:
+        get_protocol("nope")
+    assert all(name in str(e.value) for name in ("alone", "fullkv", "text", "nope"))
+    assert isinstance(get_protocol("fullkv", latent_steps=3), FullKV)
+
+
+def test_fullkv_validates_parameters():
+    with pytest.raises(ValueError):
+        FullKV(latent_steps=-1)
+    with pytest.raises(UnknownNameError) as e:
+        FullKV(latent_mode="x")
+    assert "realign" in str(e.value) and "rescale" in str(e.value)
+    with pytest.raises(ValueError):
+        FullKV(max_new_tokens=0)
+    with pytest.raises(ValueError):
+        Text(max_report_tokens=0)
+
+
+def test_fullkv_zero_steps_still_sends_prefill_states(agents):
+    *senders, receiver = agents
+    out = FullKV(latent_steps=0, max_new_tokens=3).run(senders, DOCS, receiver, QUESTION)
+    assert isinstance(out, Outcome) and out.protocol == "fullkv"
+    prefill_rows = []
+    for sender, doc in zip(senders, DOCS):
+        (rec,) = [c for c in sender.calls if c.op == "prefill"]
+        prefill_rows.append(rec.rows_in)
+        ids = sender.chat_ids(SENDER_PROMPT.format(document=doc) + QUESTION_SUFFIX.format(question=QUESTION))
+        assert rec.rows_in == len(ids)
+    assert out.details["message_rows"] == sum(prefill_rows) and out.details["latent_steps"] == 0
+    # what crossed the wire: each sender's own canonical state bytes
+    fresh = [FullKV(latent_steps=0).sender_state(s, d, QUESTION) for s, d in zip(senders, DOCS)]
+    assert out.message_bytes == sum(len(s.to_bytes()) for s in fresh) > 0
+    assert out.receiver_context >= sum(prefill_rows)
+    assert len(out.sender_seconds) == 2 and out.tteoa >= out.receiver_seconds
+
+
+def test_fullkv_latent_steps_add_rows(agents):
+    *senders, receiver = agents
+    out = FullKV(latent_steps=2, max_new_tokens=2).run(senders, DOCS, receiver, QUESTION)
+    prefill_rows = sum(c.rows_in for s in senders for c in s.calls if c.op == "prefill")
+    assert out.details["message_rows"] == prefill_rows + 2 * 2
+
+
+def test_fullkv_mismatched_senders_and_documents(agents):
+    with pytest.raises(ValueError):
+        FullKV(latent_steps=0).run(agents[:1], DOCS, agents[2], QUESTION)
+
+
+def test_text_protocol_bytes_are_the_reports(models, tokenizer):
+    # tiny gemma3: its greedy reports are non-empty (the tiny llama's decode to whitespace only)
+    *senders, receiver = [Agent(models["gemma3"], tokenizer, model_name="gemma3") for _ in range(3)]
+    out = Text(max_report_tokens=12, max_new_tokens=3).run(senders, DOCS, receiver, QUESTION)
+    reports = out.details["reports"]
+    assert len(reports) == 2 and any(reports)
+    assert out.message_bytes == len("\n".join(reports).encode("utf-8"))
+    assert receiver.calls[-1].op == "answer" and out.receiver_context == receiver.calls[-1].context
+
+
+def test_alone_sends_nothing(agents):
+    out = get_protocol("alone", max_new_tokens=2).run([], [], agents[2], QUESTION)
+    assert out.message_bytes == 0 and out.sender_seconds == ()
+    assert agents[2].calls[-1].rows_in == len(agents[2].chat_ids(QUESTION))
