@@ -1,4 +1,4 @@
-"""Command line: `latentwire models`, `latentwire demo`."""
+"""Command line: `latentwire models`, `latentwire demo`, `latentwire bench run|report`."""
 from __future__ import annotations
 
 import argparse
@@ -49,6 +49,33 @@ def _demo(args) -> int:
     return 0
 
 
+def _bench_run(args) -> int:
+    import json
+
+    from .bench.runner import RunConfig, run
+
+    filters = {}
+    for item in args.filter:
+        key, _, value = item.partition("=")
+        try:
+            filters[key] = json.loads(value)  # numbers, true/false, quoted strings
+        except json.JSONDecodeError:
+            filters[key] = value
+    config = RunConfig(args.task, args.protocols, args.model, args.n, args.seed, filters)
+    out = run(config, args.out)
+    print(f"records in {out / 'records.jsonl'}; report with: latentwire bench report {out}")
+    return 0
+
+
+def _bench_report(args) -> int:
+    from .bench.report import write_report
+
+    path = write_report(args.run_dir)
+    print(path.read_text())
+    print(f"wrote {path} and PNGs beside it")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="latentwire", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -60,6 +87,21 @@ def main(argv=None) -> int:
     demo.add_argument("--latent-steps", type=int, default=8, help="G latent steps per sender for fullkv")
     demo.add_argument("--latent-mode", default="rescale", choices=("rescale", "realign"))
     demo.set_defaults(fn=_demo)
+    bench = sub.add_parser("bench", help="run protocols over a task and report").add_subparsers(dest="bench",
+                                                                                                required=True)
+    brun = bench.add_parser("run", help="one JSONL record per episode × protocol (resumable)")
+    brun.add_argument("--task", required=True, help="shipped task name (facts, code, reasoning) or a .jsonl path")
+    brun.add_argument("--protocols", required=True, help="e.g. text,fullkv(latent_steps=8)")
+    brun.add_argument("--model", default="smollm2-135m")
+    brun.add_argument("--n", type=int, default=None, help="episodes (seeded sample); default all")
+    brun.add_argument("--seed", type=int, default=0)
+    brun.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE",
+                      help="keep episodes whose meta[KEY] == VALUE, e.g. hops=2")
+    brun.add_argument("--out", required=True, help="run folder (re-run to resume)")
+    brun.set_defaults(fn=_bench_run)
+    brep = bench.add_parser("report", help="markdown table with bootstrap CIs and PNG plots")
+    brep.add_argument("run_dir")
+    brep.set_defaults(fn=_bench_report)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     try:

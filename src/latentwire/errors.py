@@ -42,3 +42,7 @@ class ContextOverflowError(LatentWireError):
         self.needed, self.window, self.breakdown = needed, window, dict(breakdown)
         parts = ", ".join(f"{k}={v}" for k, v in breakdown.items())
         super().__init__(f"needs {needed} positions but the context window is {window} ({parts})")
+
+
+class TaskFormatError(LatentWireError, ValueError):
+    """A malformed task file or episode; the message names the file, line and field."""

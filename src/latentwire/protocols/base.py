@@ -26,6 +26,9 @@ class Outcome:
     sender_seconds: tuple[float, ...]  # each sender's own compute (prefill, latent steps, report decoding)
     receiver_seconds: float  # receiver prefill + decode
     details: dict = field(default_factory=dict)
+    # Per sender, the indices into `tokenizer(document)` tokens whose content the message carries
+    # (evidence recall and compression ratio derive from it); None where it does not apply (text).
+    kept_positions: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def tteoa(self) -> float:

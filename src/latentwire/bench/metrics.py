@@ -1,0 +1,77 @@
+"""Answer and evidence metrics. SQuAD normalisation: lower case, no punctuation, no articles, single spaces.
+
+Small models answer in sentences ("The code is 7341."), so besides EM/F1 we report `accuracy`: a gold
+alias occurs in the prediction as a whole-word sequence after normalisation. `strict` requires every
+part of a multi-part answer to be correct (equals `accuracy` for single-part answers).
+"""
+from __future__ import annotations
+
+import random
+import re
+import string
+from collections import Counter
+from typing import Iterable, Sequence
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCT = str.maketrans("", "", string.punctuation)
+
+
+def normalize(text: str) -> str:
+    return " ".join(_ARTICLES.sub(" ", text.lower().translate(_PUNCT)).split())
+
+
+def exact_match(prediction: str, aliases: Sequence[str]) -> float:
+    p = normalize(prediction)
+    return float(any(p == normalize(a) for a in aliases))
+
+
+def f1(prediction: str, aliases: Sequence[str]) -> float:
+    def one(gold: str) -> float:
+        pt, gt = normalize(prediction).split(), normalize(gold).split()
+        common = sum((Counter(pt) & Counter(gt)).values())
+        if not pt or not gt:
+            return float(pt == gt)
+        if common == 0:
+            return 0.0
+        precision, recall = common / len(pt), common / len(gt)
+        return 2 * precision * recall / (precision + recall)
+
+    return max(one(a) for a in aliases)
+
+
+def contains(prediction: str, aliases: Sequence[str]) -> float:
+    """1.0 if some normalised alias occurs in the normalised prediction on word boundaries."""
+    p = f" {normalize(prediction)} "
+    return float(any(normalize(a) and f" {normalize(a)} " in p for a in aliases))
+
+
+def answer_scores(prediction: str, answers: list | dict) -> dict[str, float]:
+    """EM, F1, accuracy and strict accuracy of one prediction against list or multi-part gold answers."""
+    if isinstance(answers, dict):  # multi-part: each part scored on the whole prediction, averaged
+        parts = [contains(prediction, aliases) for aliases in answers.values()]
+        return {"em": 0.0, "f1": sum(f1(prediction, a) for a in answers.values()) / len(answers),
+                "accuracy": sum(parts) / len(parts), "strict": float(all(parts))}
+    acc = contains(prediction, answers)
+    return {"em": exact_match(prediction, answers), "f1": f1(prediction, answers), "accuracy": acc, "strict": acc}
+
+
+def evidence_recall(gold_positions: Iterable[int], kept_positions: Iterable[int]) -> float | None:
+    """Gold evidence token positions kept ÷ all gold positions (None when there is no gold evidence)."""
+    gold = set(gold_positions)
+    if not gold:
+        return None
+    return len(gold & set(kept_positions)) / len(gold)
+
+
+def bootstrap_ci(values: Sequence[float], n_resamples: int = 2000, seed: int = 0,
+                 level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, low, high) with a percentile bootstrap; deterministic given the seed."""
+    xs = [float(v) for v in values]
+    if not xs:
+        return float("nan"), float("nan"), float("nan")
+    mean = sum(xs) / len(xs)
+    rng = random.Random(seed)
+    means = sorted(sum(rng.choices(xs, k=len(xs))) / len(xs) for _ in range(n_resamples))
+    lo = means[int((1 - level) / 2 * n_resamples)]
+    hi = means[min(n_resamples - 1, int((1 + level) / 2 * n_resamples))]
+    return mean, lo, hi

@@ -1,0 +1,143 @@
+"""Turn a run folder into `report.md` (mean ± 95% bootstrap CI per protocol) and two PNG plots:
+accuracy vs TTEOA with the Pareto front, and evidence recall vs compression ratio.
+
+    latentwire bench report runs/X
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from ..errors import LatentWireError
+from .metrics import bootstrap_ci
+
+COLUMNS = [  # (record field, header, format)
+    ("accuracy", "accuracy", "{:.2f}"), ("strict", "strict", "{:.2f}"), ("em", "EM", "{:.2f}"),
+    ("f1", "F1", "{:.2f}"), ("evidence_recall", "evidence recall", "{:.2f}"), ("tteoa", "TTEOA s", "{:.2f}"),
+    ("sender_max", "sender s (max)", "{:.2f}"), ("receiver_seconds", "receiver s", "{:.2f}"),
+    ("message_bytes", "message bytes", "{:,.0f}"), ("receiver_context", "receiver ctx", "{:.0f}"),
+]
+
+
+def read_run(run_dir: str | Path) -> tuple[dict, list[dict]]:
+    run_dir = Path(run_dir)
+    try:
+        config = json.loads((run_dir / "config.json").read_text())
+        records = [json.loads(l) for l in (run_dir / "records.jsonl").read_text().splitlines() if l.strip()]
+    except (OSError, json.JSONDecodeError) as e:
+        raise LatentWireError(f"{run_dir} is not a readable run folder ({e})") from e
+    for r in records:
+        r["sender_max"] = max(r["sender_seconds"], default=0.0) if r.get("error") is None else None
+    return config, records
+
+
+def summarize(records: list[dict], order: list[str]) -> dict[str, dict]:
+    """protocol -> {n, errors, field: (mean, lo, hi) or None, tteoa_median}."""
+    out = {}
+    labels = [p for p in order if any(r["protocol"] == p for r in records)]
+    labels += sorted({r["protocol"] for r in records} - set(labels))
+    for label in labels:
+        rs = [r for r in records if r["protocol"] == label]
+        row = {"n": len(rs), "errors": sum(r.get("error") is not None for r in rs)}
+        for key, _, _ in COLUMNS:
+            # Answer scores count failed episodes as 0; costs are over episodes that ran.
+            vals = [r[key] for r in rs if r.get(key) is not None]
+            row[key] = bootstrap_ci(vals) if vals else None
+        ok = [r["tteoa"] for r in rs if r.get("tteoa") is not None]
+        row["tteoa_median"] = statistics.median(ok) if ok else None
+        ratios = [r["compression_ratio"] for r in rs if r.get("compression_ratio")]
+        row["ratio"] = statistics.median(ratios) if ratios else None
+        out[label] = row
+    return out
+
+
+def _cell(v, fmt: str) -> str:
+    if v is None:
+        return "—"
+    mean, lo, hi = v
+    return f"{fmt.format(mean)} ± {fmt.format((hi - lo) / 2)}"
+
+
+def pareto_front(points: dict[str, tuple[float, float]]) -> list[str]:
+    """Labels not dominated in (lower time, higher accuracy), sorted by time."""
+    front = [a for a, (ta, qa) in points.items()
+             if not any((tb <= ta and qb >= qa) and (tb < ta or qb > qa) for b, (tb, qb) in points.items() if b != a)]
+    return sorted(front, key=lambda a: points[a][0])
+
+
+def write_report(run_dir: str | Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    config, records = read_run(run_dir)
+    if not records:
+        raise LatentWireError(f"{run_dir}/records.jsonl has no records yet")
+    cfg = config["config"]
+    summary = summarize(records, list(cfg["protocols"]))
+    env = config["environment"]
+    lines = [f"# Run report: task `{cfg['task']}`, model `{cfg['model']}`", "",
+             f"{len(config['episodes'])} episodes (seed {cfg['seed']}, filters {cfg['filters'] or 'none'}); "
+             f"latentwire {env['latentwire']} @ {str(env['git'])[:10]}, torch {env['torch']}, transformers "
+             f"{env['transformers']}, {env['cpus']} CPUs, {env['torch_threads']} threads.", "",
+             "Mean ± half-width of the 95% bootstrap CI. Answer scores count episodes that failed with a typed "
+             "error as 0; costs are over episodes that ran. TTEOA = slowest sender + receiver "
+             "(senders in parallel).", "",
+             "| protocol | n | errors | " + " | ".join(h for _, h, _ in COLUMNS) + " | median TTEOA s |",
+             "|---|---:|---:|" + "---:|" * (len(COLUMNS) + 1)]
+    for label, row in summary.items():
+        cells = " | ".join(_cell(row[k], fmt) for k, _, fmt in COLUMNS)
+        med = "—" if row["tteoa_median"] is None else f"{row['tteoa_median']:.2f}"
+        lines.append(f"| `{label}` | {row['n']} | {row['errors']} | {cells} | {med} |")
+    errors = [r for r in records if r.get("error")]
+    if errors:
+        lines += ["", "Errors (first 5):", ""] + [f"- `{r['protocol']}` on `{r['episode']}`: {r['error'][:200]}"
+                                                 for r in errors[:5]]
+
+    points = {lab: (row["tteoa_median"], row["accuracy"][0]) for lab, row in summary.items()
+              if row["tteoa_median"] is not None and row["accuracy"] is not None}
+    front = pareto_front(points)
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    for lab, (t, q) in points.items():
+        ax.scatter(t, q, s=50, zorder=3)
+        ax.annotate(lab, (t, q), textcoords="offset points", xytext=(5, 5), fontsize=8)
+    if front:
+        ax.plot([points[a][0] for a in front], [points[a][1] for a in front], "k--", lw=1, label="Pareto front")
+        ax.legend(fontsize=8)
+    ax.set(xscale="log", xlabel="median TTEOA (s, log)", ylabel="accuracy", ylim=(-0.05, 1.05),
+           title=f"{cfg['task']} / {cfg['model']}: accuracy vs time to end of answer")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(run_dir / "accuracy_vs_tteoa.png", dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    have_recall = False
+    for lab in summary:
+        by_ratio: dict[float, list[float]] = {}
+        for r in records:
+            if r["protocol"] == lab and r.get("evidence_recall") is not None and r.get("compression_ratio"):
+                by_ratio.setdefault(round(r["compression_ratio"], 1), []).append(r["evidence_recall"])
+        if by_ratio:
+            have_recall = True
+            xs = sorted(by_ratio)
+            ax.plot(xs, [statistics.mean(by_ratio[x]) for x in xs], "o-", label=lab)
+    ax.set(xscale="log", xlabel="compression ratio (context tokens ÷ positions sent, log)",
+           ylabel="evidence recall", ylim=(-0.05, 1.05), title="evidence recall vs compression")
+    if have_recall:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no protocol in this run reports kept positions", ha="center", transform=ax.transAxes)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(run_dir / "recall_vs_ratio.png", dpi=120)
+    plt.close(fig)
+
+    lines += ["", f"Pareto front (accuracy vs median TTEOA): {', '.join(f'`{a}`' for a in front) or '—'}", "",
+              "![accuracy vs TTEOA](accuracy_vs_tteoa.png)", "", "![recall vs ratio](recall_vs_ratio.png)", ""]
+    path = run_dir / "report.md"
+    path.write_text("\n".join(lines))
+    return path

@@ -1,0 +1,168 @@
+"""Run protocols over a task's episodes: one JSONL record per episode × protocol, resumable.
+
+    latentwire bench run --task facts --protocols text,fullkv(latent_steps=8) --model smollm2-135m --n 20 --out runs/X
+
+`runs/X/config.json` holds the resolved configuration, package versions, git hash, seed and machine;
+`runs/X/records.jsonl` one record per (episode, protocol). Re-running the same command skips the
+records already written; a different configuration in the same folder is refused.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import platform
+import random
+import re
+import resource
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..agent import Agent
+from ..errors import LatentWireError
+from ..protocols import Outcome, Protocol, get_protocol
+from .episode import Episode, load_episodes, span_token_positions
+from .metrics import answer_scores, evidence_recall
+
+_SPEC = re.compile(r"^\s*([\w.-]+)\s*(?:\((.*)\))?\s*$")
+
+
+def parse_protocols(text: str) -> dict[str, tuple[str, dict]]:
+    """'text,fullkv(latent_steps=8)' -> {label: (name, params)}; values are Python literals."""
+    out, depth, cur = {}, 0, ""
+    for ch in text + ",":
+        if ch == "," and depth == 0:
+            if cur.strip():
+                m = _SPEC.match(cur)
+                if not m:
+                    raise ValueError(f"bad protocol spec {cur!r}; want name or name(key=value, ...)")
+                name, args = m.group(1), m.group(2)
+                params = {}
+                if args and args.strip():
+                    call = ast.parse(f"f({args})", mode="eval").body
+                    params = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+                label = name if not params else f"{name}({', '.join(f'{k}={v!r}' for k, v in params.items())})"
+                out[label] = (name, params)
+            cur = ""
+            continue
+        depth += (ch == "(") - (ch == ")")
+        cur += ch
+    return out
+
+
+@dataclass
+class RunConfig:
+    task: str  # a shipped task name or a path to a JSONL file
+    protocols: str  # e.g. "text,fullkv(latent_steps=8)"
+    model: str = "smollm2-135m"
+    n: int | None = None  # episodes (a seeded sample, the same for every protocol); None = all
+    seed: int = 0
+    filters: dict = field(default_factory=dict)  # meta key -> required value, e.g. {"hops": 2}
+
+    def resolved(self) -> dict:
+        d = asdict(self)
+        d["protocols"] = {label: {"name": n, "params": p} for label, (n, p) in parse_protocols(self.protocols).items()}
+        return d
+
+
+def select_episodes(episodes: list[Episode], n: int | None, seed: int, filters: dict) -> list[Episode]:
+    eps = [e for e in episodes if all(e.meta.get(k) == v for k, v in filters.items())]
+    if n is not None and n < len(eps):
+        eps = sorted(random.Random(seed).sample(eps, n), key=lambda e: e.id)
+    return eps
+
+
+def load_task_episodes(task: str) -> list[Episode]:
+    if task.endswith(".jsonl") or os.sep in task:
+        return load_episodes(task)
+    from .tasks import load_task
+
+    return load_task(task)
+
+
+def environment() -> dict:
+    import torch
+    import transformers
+
+    from .. import __version__
+
+    try:
+        git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                             cwd=Path(__file__).parent).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        git = None
+    return {"latentwire": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "python": platform.python_version(), "git": git, "machine": platform.machine(),
+            "processor": platform.processor(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def score(ep: Episode, label: str, out: Outcome, tokenizer) -> dict:
+    rec = {"episode": ep.id, "protocol": label, "answer": out.answer, **answer_scores(out.answer, ep.answers),
+           "message_bytes": out.message_bytes, "receiver_context": out.receiver_context,
+           "sender_seconds": list(out.sender_seconds), "receiver_seconds": out.receiver_seconds,
+           "tteoa": out.tteoa, "evidence_recall": None, "compression_ratio": None, "error": None, "meta": ep.meta}
+    if out.kept_positions is not None:
+        gold, kept, total = [], [], 0
+        for agent, (context, keep) in enumerate(zip(ep.contexts, out.kept_positions)):
+            spans = [(s.start, s.end) for s in ep.evidence if s.agent == agent]
+            gold += [(agent, p) for p in span_token_positions(context, spans, tokenizer)]
+            kept += [(agent, p) for p in keep]
+            total += len(tokenizer(context, add_special_tokens=False)["input_ids"])
+        rec["evidence_recall"] = evidence_recall(gold, kept)
+        rec["compression_ratio"] = total / max(1, len(kept))
+    return rec
+
+
+def _memory() -> dict:
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    with open("/proc/self/statm") as f:
+        rss_mb = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    return {"rss_mb": round(rss_mb, 1), "peak_rss_mb": round(peak_mb, 1)}
+
+
+def run(config: RunConfig, out_dir: str | Path, progress: bool = True, agent: Agent | None = None) -> Path:
+    from tqdm import tqdm
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    resolved = config.resolved()
+    cfg_path, rec_path = out_dir / "config.json", out_dir / "records.jsonl"
+    if cfg_path.exists():
+        before = json.loads(cfg_path.read_text())["config"]
+        if {k: before.get(k) for k in ("task", "model", "seed", "filters")} != {
+                k: resolved[k] for k in ("task", "model", "seed", "filters")}:
+            raise LatentWireError(f"{out_dir} holds a run with another task/model/seed/filters; use a new --out")
+    protocols = {label: get_protocol(spec["name"], **spec["params"]) for label, spec in resolved["protocols"].items()}
+    episodes = select_episodes(load_task_episodes(config.task), config.n, config.seed, config.filters)
+    cfg_path.write_text(json.dumps({"config": resolved, "environment": environment(),
+                                    "episodes": [e.id for e in episodes]}, indent=2) + "\n")
+    done = set()
+    if rec_path.exists():
+        for line in rec_path.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                done.add((r["episode"], r["protocol"]))
+    agent = agent or Agent.from_pretrained(config.model)
+    with rec_path.open("a", encoding="utf-8") as f:
+        for label, protocol in protocols.items():
+            todo = [e for e in episodes if (e.id, label) not in done]
+            for ep in tqdm(todo, desc=f"{label:>12}", disable=not progress):
+                f.write(json.dumps(run_episode(protocol, label, ep, agent), ensure_ascii=False) + "\n")
+                f.flush()
+    return out_dir
+
+
+def run_episode(protocol: Protocol, label: str, ep: Episode, agent: Agent) -> dict:
+    """One record. A typed error (context overflow, geometry...) is recorded, scored 0, and the run goes on."""
+    try:
+        out = protocol.run([agent] * len(ep.contexts), list(ep.contexts), agent, ep.question)
+        rec = score(ep, label, out, agent.tokenizer)
+    except LatentWireError as e:
+        rec = {"episode": ep.id, "protocol": label, "answer": "", **answer_scores("", ep.answers),
+               "message_bytes": None, "receiver_context": None, "sender_seconds": [], "receiver_seconds": None,
+               "tteoa": None, "evidence_recall": None, "compression_ratio": None,
+               "error": f"{type(e).__name__}: {e}", "meta": ep.meta}
+    return rec | _memory()

@@ -1,0 +1,114 @@
+"""Bench harness: metrics, evidence recall on hand-built episodes, runner resume/errors, report files."""
+import json
+
+import pytest
+
+from latentwire.agent import Agent
+from latentwire.bench.episode import Episode, Span, load_episodes, span_token_positions, write_episodes
+from latentwire.bench.metrics import answer_scores, bootstrap_ci, evidence_recall, normalize
+from latentwire.bench.report import pareto_front, write_report
+from latentwire.bench.runner import RunConfig, parse_protocols, run
+from latentwire.errors import LatentWireError, TaskFormatError
+from latentwire.models import tiny_model, tiny_tokenizer
+
+
+def test_squad_normalisation_and_scores():
+    assert normalize("The  Code, is: 7341!") == "code is 7341"
+    s = answer_scores("The code is 7341.", ["7341"])
+    assert s["accuracy"] == 1.0 and s["em"] == 0.0 and 0 < s["f1"] < 1
+    assert answer_scores("7341", ["7341"])["em"] == 1.0
+    assert answer_scores("73410", ["7341"])["accuracy"] == 0.0  # whole words only
+    multi = {"city": ["Lisbon"], "lead": ["Ana Silva"]}
+    assert answer_scores("Ana Silva, in Lisbon", multi)["strict"] == 1.0
+    part = answer_scores("in Lisbon", multi)
+    assert part["accuracy"] == 0.5 and part["strict"] == 0.0
+
+
+def test_evidence_recall_exact_on_hand_built_spans():
+    tok = tiny_tokenizer()  # byte-level: one token per character here
+    text = "alpha beta gamma"
+    gold = span_token_positions(text, [(6, 10)], tok)
+    assert gold == [6, 7, 8, 9]  # "beta"
+    assert evidence_recall(gold, range(6, 8)) == 0.5
+    assert evidence_recall(gold, range(16)) == 1.0
+    assert evidence_recall(gold, []) == 0.0
+    assert evidence_recall([], [1, 2]) is None
+
+
+def test_bootstrap_is_deterministic_and_brackets_the_mean():
+    xs = [0, 1, 1, 0, 1, 1, 1, 0]
+    m, lo, hi = bootstrap_ci(xs)
+    assert (m, lo, hi) == bootstrap_ci(xs) and lo <= m <= hi and m == pytest.approx(0.625)
+
+
+def test_parse_protocols_specs():
+    p = parse_protocols("text, fullkv(latent_steps=8, latent_mode='realign'),alone")
+    assert list(p) == ["text", "fullkv(latent_steps=8, latent_mode='realign')", "alone"]
+    assert p["fullkv(latent_steps=8, latent_mode='realign')"] == ("fullkv", {"latent_steps": 8, "latent_mode": "realign"})
+    with pytest.raises(ValueError):
+        parse_protocols("full kv")
+
+
+def test_pareto_front():
+    pts = {"a": (1.0, 0.5), "b": (2.0, 0.9), "c": (3.0, 0.8), "d": (0.5, 0.1)}
+    assert pareto_front(pts) == ["d", "a", "b"]
+
+
+def test_loader_errors_name_file_line_and_field(tmp_path):
+    good = Episode("e1", "t", "fanin", "Q?", ["x"], ("ctx one",), (Span(0, 0, 3),))
+    path = tmp_path / "t.jsonl"
+    write_episodes(path, [good])
+    assert load_episodes(path)[0].to_json() == good.to_json()
+    bad = json.loads(good.to_json()) | {"evidence": [{"agent": 0, "start": 2, "end": 99}]}
+    path.write_text(good.to_json() + "\n" + json.dumps(bad | {"id": "e2"}) + "\n")
+    with pytest.raises(TaskFormatError, match=r"t\.jsonl:2: .*evidence\[0\]"):
+        load_episodes(path)
+    path.write_text(json.dumps({k: v for k, v in json.loads(good.to_json()).items() if k != "question"}) + "\n")
+    with pytest.raises(TaskFormatError, match=r"t\.jsonl:1: missing field 'question'"):
+        load_episodes(path)
+    path.write_text("{not json\n")
+    with pytest.raises(TaskFormatError, match=r"t\.jsonl:1: not JSON"):
+        load_episodes(path)
+
+
+@pytest.fixture
+def tiny_task(tmp_path):
+    eps = [Episode(f"e{i}", "t", "fanin", "What is the code?", ["7341"],
+                   ("The code is 7341. " * (1 + i), "Nothing here."), (Span(0, 0, 17),)) for i in range(3)]
+    path = tmp_path / "task.jsonl"
+    write_episodes(path, eps)
+    return path
+
+
+def test_runner_resumes_records_errors_and_reports(tiny_task, tmp_path):
+    agent = Agent(tiny_model("llama"), tiny_tokenizer(), "llama", context_window=1000)
+    out = tmp_path / "run"
+    cfg = RunConfig(str(tiny_task), "alone(max_new_tokens=2),fullkv(latent_steps=0, max_new_tokens=2)", "llama")
+    run(cfg, out, progress=False, agent=agent)
+    records = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
+    assert len(records) == 6
+    full = [r for r in records if r["protocol"].startswith("fullkv")]
+    assert all(r["error"] is None and r["evidence_recall"] == 1.0 and r["compression_ratio"] == 1.0 for r in full)
+    # Resuming skips finished records: the file is unchanged.
+    before = (out / "records.jsonl").read_text()
+    run(cfg, out, progress=False, agent=agent)
+    assert (out / "records.jsonl").read_text() == before
+    cfgd = json.loads((out / "config.json").read_text())
+    assert cfgd["episodes"] == ["e0", "e1", "e2"] and "torch" in cfgd["environment"]
+    # A different configuration in the same folder is refused.
+    with pytest.raises(LatentWireError):
+        run(RunConfig(str(tiny_task), "alone", "llama", seed=1), out, progress=False, agent=agent)
+    report = write_report(out)
+    assert "| `alone(max_new_tokens=2)` | 3 | 0 |" in report.read_text()
+    assert (out / "accuracy_vs_tteoa.png").stat().st_size > 1000 and (out / "recall_vs_ratio.png").exists()
+
+
+def test_runner_records_typed_errors_and_goes_on(tiny_task, tmp_path):
+    agent = Agent(tiny_model("llama"), tiny_tokenizer(), "llama", context_window=260)  # e0 fits, e1 and e2 do not
+    run(RunConfig(str(tiny_task), "fullkv(latent_steps=0, max_new_tokens=2)", "llama"), tmp_path / "r",
+        progress=False, agent=agent)
+    records = [json.loads(l) for l in (tmp_path / "r" / "records.jsonl").read_text().splitlines()]
+    assert len(records) == 3
+    assert records[0]["error"] is None
+    assert all(r["error"].startswith("ContextOverflowError") and r["accuracy"] == 0.0 for r in records[1:])
+    assert "errors" in write_report(tmp_path / "r").read_text().lower()
