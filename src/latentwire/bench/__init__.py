@@ -1,0 +1,1 @@
+"""Benchmark harness: episodes, shipped tasks, loaders, metrics, runner, report."""
