@@ -1,0 +1,47 @@
+"""The shipped tasks: generators (pure functions of a seed) and their committed JSONL under tasks/data/.
+
+    load_task("facts")            # the committed episodes (what benchmarks run)
+    TASKS["facts"](SEED)          # the same episodes, regenerated in memory
+    task_path("facts")            # <repo>/tasks/data/facts.jsonl
+
+`python tasks/generate.py` rewrites the files; `--check` fails if any differs from a fresh generation.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable
+
+from ...errors import UnknownNameError
+from ..episode import Episode, load_episodes
+from . import code, facts, reasoning
+
+SEED = 0  # the seed the committed files were generated with
+DATA_DIR = Path(__file__).resolve().parents[4] / "tasks" / "data"  # src/latentwire/bench/tasks -> repo root
+
+TASKS: dict[str, Callable[..., list[Episode]]] = {
+    "code": code.generate,
+    "facts": facts.generate,
+    "reasoning": reasoning.generate,
+}
+
+
+def _check(name: str) -> None:
+    if name not in TASKS:
+        raise UnknownNameError("task", name, TASKS)
+
+
+def task_path(name: str) -> Path:
+    """Where the committed JSONL of a shipped task lives."""
+    _check(name)
+    return DATA_DIR / f"{name}.jsonl"
+
+
+def load_task(name: str) -> list[Episode]:
+    """The committed episodes of a shipped task (validated by `load_episodes`)."""
+    return load_episodes(task_path(name))
+
+
+def generate(name: str, seed: int = SEED) -> list[Episode]:
+    """A fresh in-memory generation of a shipped task (the committed file is `generate(name)`)."""
+    _check(name)
+    return TASKS[name](seed)
