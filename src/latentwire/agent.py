@@ -186,6 +186,28 @@ class Agent:
         return out if state.is_compact else out.rerotate(torch.cat([state.positions, state.positions[-1] + 1 +
                                                                     torch.arange(steps)]))
 
+    @torch.inference_mode()
+    def attend(self, state: KVState, query: str) -> torch.Tensor:
+        """Attention of the query's m tokens, appended after a finished state, over its T rows.
+
+        Returns (L_g, H_q, m, T): one slice per global-attention layer (sliding layers see only their
+        window, so hybrid models are scored on global layers alone). The state itself is not re-run:
+        only the m query tokens go through the model, with eager attention to expose the weights.
+        """
+        self.geometry.check_same(state.geometry)
+        ids = torch.tensor(self.tokenizer(query, add_special_tokens=False)["input_ids"])
+        self._check_window(state=len(state), query=len(ids))
+        layers = [i for i, t in enumerate(state.geometry.layer_types) if t == "global"]
+        before = self.model.config._attn_implementation
+        self.model.set_attn_implementation("eager")
+        try:
+            out = self.model.model(input_ids=ids[None], past_key_values=state.compact().to_cache(),
+                                   position_ids=torch.arange(len(state), len(state) + len(ids))[None],
+                                   use_cache=True, output_attentions=True)
+        finally:
+            self.model.set_attn_implementation(before)
+        return torch.stack([out.attentions[i][0, :, :, :len(state)] for i in layers])  # (L_g, H_q, m, T)
+
     def rows(self, state: KVState) -> Rows:
         """Continuous rows of a state: token embeddings for token rows, latent inputs at the mean norm."""
         rows = self.embed(state.token_ids.clamp_min(0))  # (T, d)

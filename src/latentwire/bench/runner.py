@@ -104,12 +104,12 @@ def score(ep: Episode, label: str, out: Outcome, tokenizer) -> dict:
            "message_bytes": out.message_bytes, "receiver_context": out.receiver_context,
            "sender_seconds": list(out.sender_seconds), "receiver_seconds": out.receiver_seconds,
            "tteoa": out.tteoa, "evidence_recall": None, "compression_ratio": None, "error": None, "meta": ep.meta}
-    if out.kept_positions is not None:
+    if out.kept_spans is not None:  # both sides mapped to the tokens of each context alone
         gold, kept, total = [], [], 0
-        for agent, (context, keep) in enumerate(zip(ep.contexts, out.kept_positions)):
+        for agent, (context, keep) in enumerate(zip(ep.contexts, out.kept_spans)):
             spans = [(s.start, s.end) for s in ep.evidence if s.agent == agent]
             gold += [(agent, p) for p in span_token_positions(context, spans, tokenizer)]
-            kept += [(agent, p) for p in keep]
+            kept += [(agent, p) for p in span_token_positions(context, keep, tokenizer)]
             total += len(tokenizer(context, add_special_tokens=False)["input_ids"])
         rec["evidence_recall"] = evidence_recall(gold, kept)
         rec["compression_ratio"] = total / max(1, len(kept))

@@ -26,9 +26,9 @@ class Outcome:
     sender_seconds: tuple[float, ...]  # each sender's own compute (prefill, latent steps, report decoding)
     receiver_seconds: float  # receiver prefill + decode
     details: dict = field(default_factory=dict)
-    # Per sender, the indices into `tokenizer(document)` tokens whose content the message carries
-    # (evidence recall and compression ratio derive from it); None where it does not apply (text).
-    kept_positions: tuple[tuple[int, ...], ...] | None = None
+    # Per sender, the character spans of its document whose positions the message carries (evidence
+    # recall and compression ratio derive from them); None where it does not apply (text).
+    kept_spans: tuple[tuple[tuple[int, int], ...], ...] | None = None
 
     @property
     def tteoa(self) -> float:

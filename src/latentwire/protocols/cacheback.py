@@ -1,0 +1,94 @@
+"""CacheBack (SPEC §1): each sender scores its finished state against the receiver's query and sends
+only the best positions, as rows the receiver re-prefills inside its chat template.
+
+Senders are query-blind while they read and think; the query arrives afterwards, so one stored
+state can answer many queries. The selector is pluggable, so receiver-agnostic baselines run through
+the same spans, budgets and encodings.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from ..agent import LATENT_MODES, Agent
+from ..errors import UnknownNameError
+from ..message import Rows
+from ..select import SELECTORS, SPAN, always_kept, fanin_budget, get_selector, select_rows
+from ..state import KVState
+from .base import SENDER_PROMPT, Outcome, Protocol, register
+
+ENCODINGS = ("rows", "token_ids")
+
+
+@register
+@dataclass
+class CacheBack(Protocol):
+    name = "cacheback"
+    ratio: float = 8.0  # compression r: each sender sends B = ceil(T / r) rows beyond the always-kept ones
+    latent_steps: int = 40
+    latent_mode: str = "rescale"
+    selector: str = "cacheback"
+    selector_params: dict = field(default_factory=dict)
+    encoding: str = "rows"  # "rows" (one hidden-size row per position) or "token_ids" (ids + latent rows)
+    span: int = SPAN
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.ratio < 1:
+            raise ValueError(f"ratio must be ≥ 1, got {self.ratio}")
+        if self.latent_steps < 0:
+            raise ValueError(f"latent_steps must be ≥ 0, got {self.latent_steps}")
+        if self.latent_mode not in LATENT_MODES:
+            raise UnknownNameError("latent mode", self.latent_mode, LATENT_MODES)
+        if self.encoding not in ENCODINGS:
+            raise UnknownNameError("encoding", self.encoding, ENCODINGS)
+        if self.selector not in SELECTORS:
+            raise UnknownNameError("selector", self.selector, SELECTORS)
+        self._selector = get_selector(self.selector, **self.selector_params)
+
+    def read(self, sender: Agent, document: str) -> KVState:
+        """The sender's finished, query-blind state: prefill + latent steps."""
+        return sender.think(sender.prefill(SENDER_PROMPT.format(document=document)), self.latent_steps,
+                            self.latent_mode)
+
+    def choose(self, sender: Agent, state: KVState, query: str) -> torch.Tensor:
+        """Row indices to send for this query (re-scoring a stored state; the sender is not re-run)."""
+        scores = self._selector.score(sender, state, query)
+        return select_rows(scores, fanin_budget(len(state), self.ratio), always_kept(state), self.span)
+
+    def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
+        parts, seconds, kept, timing = [], [], [], []
+        for sender, doc in self._pair(senders, documents):
+            t0 = time.perf_counter()
+            state = self.read(sender, doc)
+            t1 = time.perf_counter()
+            rows = self.choose(sender, state, question)
+            parts.append(sender.rows(state.select(rows)))
+            t2 = time.perf_counter()
+            seconds.append(t2 - t0)
+            timing.append({"read_s": t1 - t0, "select_s": t2 - t1, "rows": len(state), "sent": len(rows)})
+            kept.append(document_spans(sender, SENDER_PROMPT.format(document=doc), doc, rows))
+        message = Rows(torch.cat([p.embeds for p in parts]), torch.cat([p.token_ids for p in parts]))
+        nbytes = message.nbytes if self.encoding == "rows" else message.token_id_nbytes
+        reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
+        return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds,
+                       {"senders": timing, "message_rows": len(message)}, kept_spans=tuple(kept))
+
+
+def document_spans(sender: Agent, prompt: str, document: str, rows: torch.Tensor) -> tuple[tuple[int, int], ...]:
+    """Character spans of `document` covered by the given prompt rows (latent rows cover no text)."""
+    text = sender.chat_text(prompt)
+    enc = sender.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    start = text.index(document)
+    end = start + len(document)
+    spans = []
+    for r in rows.tolist():
+        if r < len(enc["offset_mapping"]):
+            a, b = enc["offset_mapping"][r]
+            a, b = max(a, start), min(b, end)
+            if a < b:
+                spans.append((a - start, b - start))
+    return tuple(spans)

@@ -1,0 +1,93 @@
+"""Selectors score a finished sender state's rows; one shared span/budget rule turns scores into a message.
+
+A selector is a dataclass (its hyper-parameters are fields, validated in `__post_init__`) with one
+method, `score(agent, state, query) -> (T,)`. Receiver-agnostic selectors ignore `query`. Every
+selector goes through the same `select_rows`, so comparisons differ only in the scores.
+"""
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..agent import Agent
+from ..errors import UnknownNameError
+from ..state import KVState
+
+SPAN = 16  # positions per span (CacheBack appendix C)
+
+
+@dataclass
+class Selector(ABC):
+    name: ClassVar[str]
+    query_conditioned: ClassVar[bool] = False
+
+    @abstractmethod
+    def score(self, agent: Agent, state: KVState, query: str) -> torch.Tensor:
+        """(T,) float scores, higher = keep; only ranks matter."""
+
+
+def fanin_budget(T: int, ratio: float) -> int:
+    """B = ceil(T / r)."""
+    if ratio < 1:
+        raise ValueError(f"compression ratio must be ≥ 1, got {ratio}")
+    return math.ceil(T / ratio)
+
+
+def relative_chain_budget(t_old: int, t_new: int, ratio: float) -> int:
+    """Chain hop, relative: B = T_old + ceil(T_new / r)."""
+    return t_old + fanin_budget(t_new, ratio)
+
+
+def fixed_chain_budget(t_old: int, t_new: int, b_max: int) -> int:
+    """Chain hop, fixed: B = min(B_max, T_old + T_new)."""
+    return min(b_max, t_old + t_new)
+
+
+def always_kept(state: KVState) -> torch.Tensor:
+    """(T,) bool: the first row and every latent row are kept whatever the budget."""
+    keep = state.is_latent.clone()
+    if len(state):
+        keep[0] = True
+    return keep
+
+
+def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int = SPAN) -> torch.Tensor:
+    """Row indices to send: the always-kept rows plus whole spans, best mean score first, within `budget`.
+
+    The other rows are cut, in order, into spans of `span` rows; spans are ranked by mean score (ties:
+    the earlier span first) and added whole while they fit, so at most `budget` rows join the kept ones.
+    Deterministic: the same scores always give the same rows.
+    """
+    if scores.shape != keep.shape:
+        raise ValueError(f"{tuple(scores.shape)} scores for {tuple(keep.shape)} rows")
+    if budget < 0 or span < 1:
+        raise ValueError(f"budget must be ≥ 0 and span ≥ 1, got {budget}, {span}")
+    free = torch.nonzero(~keep).flatten()  # candidate rows, in order
+    spans = [free[i:i + span] for i in range(0, len(free), span)]
+    means = [float(scores[s].double().mean()) for s in spans]
+    order = sorted(range(len(spans)), key=lambda i: (-means[i], i))
+    chosen, used = [], 0
+    for i in order:
+        if used + len(spans[i]) <= budget:
+            chosen.append(spans[i])
+            used += len(spans[i])
+    rows = torch.cat([torch.nonzero(keep).flatten(), *chosen]) if chosen else torch.nonzero(keep).flatten()
+    return torch.sort(rows).values
+
+
+SELECTORS: dict[str, type[Selector]] = {}
+
+
+def register(cls: type[Selector]) -> type[Selector]:
+    SELECTORS[cls.name] = cls
+    return cls
+
+
+def get_selector(name: str, **params) -> Selector:
+    if name not in SELECTORS:
+        raise UnknownNameError("selector", name, SELECTORS)
+    return SELECTORS[name](**params)

@@ -1,0 +1,27 @@
+"""StreamingLLM: attention sinks plus the most recent rows; receiver-agnostic, needs no model call."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..agent import Agent
+from ..state import KVState
+from .base import Selector, register
+
+
+@register
+@dataclass
+class StreamingLLMSelector(Selector):
+    name = "streaming_llm"
+    sinks: int = 4  # first rows always favoured (attention sinks)
+
+    def __post_init__(self):
+        if self.sinks < 0:
+            raise ValueError(f"sinks must be ≥ 0, got {self.sinks}")
+
+    def score(self, agent: Agent, state: KVState, query: str) -> torch.Tensor:
+        T = len(state)
+        scores = torch.arange(T, dtype=torch.float64) / max(T, 1)  # recency
+        scores[: self.sinks] = 2.0
+        return scores

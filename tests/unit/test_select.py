@@ -1,0 +1,125 @@
+"""Selectors: formulas on hand-made attention, exact budgets, determinism, shapes on all three families."""
+import math
+
+import pytest
+import torch
+
+from latentwire.agent import Agent
+from latentwire.errors import UnknownNameError
+from latentwire.models import tiny_model, tiny_tokenizer
+from latentwire.protocols import get_protocol
+from latentwire.select import SELECTORS, always_kept, fanin_budget, fixed_chain_budget, get_selector, \
+    relative_chain_budget, select_rows
+from latentwire.select.cacheback import cacheback_scores, grouped_attention, pool
+
+
+def _b():
+    # 1 KV group, m = 4 query tokens, T = 3 rows. Row 0: one token attends strongly (0.8), the others not
+    # at all; row 1: every token attends weakly (0.3); row 2 absorbs the rest.
+    return torch.tensor([[[0.8, 0.1, 0.1], [0.0, 0.3, 0.7], [0.0, 0.3, 0.7], [0.0, 0.3, 0.7]]], dtype=torch.float64)
+
+
+def test_concentrated_row_beats_diffuse_row():
+    b = _b()
+    mean_q = cacheback_scores(b, 0, "none", 7)
+    cb = cacheback_scores(b, 2, "none", 7)
+    assert mean_q[1] > mean_q[0]  # averaging dilutes the concentrated signal...
+    assert cb[0] > cb[1]  # ...the correction restores it
+
+
+def test_correction_matches_closed_form_without_pooling():
+    torch.manual_seed(0)
+    b = torch.rand(3, 5, 11, dtype=torch.float64)  # (S, m, T)
+    mean_r = b.mean(1)
+    c = 1 + b.var(dim=1, unbiased=False).sum(0) / mean_r.pow(2).sum(0)
+    q = mean_r.mean(0)
+    assert torch.allclose(cacheback_scores(b, 2, "none", 7), q * c.pow(2))
+    assert torch.allclose(cacheback_scores(b, 0, "avg", 7), pool(q, "avg", 7))  # p = 0: mean query attention
+
+
+def test_grouped_attention_averages_heads_sharing_a_kv_head():
+    attn = torch.zeros(2, 4, 1, 3)  # (L, H_q, m, T), 2 KV heads -> query heads (0,1) and (2,3)
+    attn[:, 0, 0, 0] = 1.0
+    attn[:, 3, 0, 2] = 1.0
+    g = grouped_attention(attn, 2)
+    assert g.shape == (2, 1, 3) and g[0, 0, 0] == 0.5 and g[1, 0, 2] == 0.5 and g[0, 0, 2] == 0
+
+
+def test_pool_keeps_length_and_is_centred():
+    x = torch.zeros(1, 9, dtype=torch.float64)
+    x[0, 4] = 7.0
+    assert torch.equal(pool(x, "max", 7)[0], torch.tensor([0, 1, 1, 1, 1, 1, 1, 1, 0.0], dtype=torch.float64) * 7)
+    assert pool(x, "avg", 7)[0, 4] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("T,ratio", [(100, 2), (100, 8), (37, 4), (500, 128), (16, 1)])
+def test_budget_is_exact(T, ratio):
+    keep = torch.zeros(T, dtype=torch.bool)
+    keep[0] = True
+    keep[-5:] = True  # latent rows
+    scores = torch.rand(T, generator=torch.Generator().manual_seed(T))
+    B = fanin_budget(T, ratio)
+    rows = select_rows(scores, B, keep)
+    assert B == math.ceil(T / ratio)
+    assert len(rows) <= B + int(keep.sum())  # never more than B beyond the always-kept rows
+    assert set(torch.nonzero(keep).flatten().tolist()) <= set(rows.tolist())
+    assert torch.equal(rows, torch.sort(torch.unique(rows)).values)
+    assert torch.equal(rows, select_rows(scores.clone(), B, keep.clone()))  # deterministic
+
+
+def test_spans_are_ranked_by_mean_and_added_whole():
+    scores = torch.zeros(49)
+    scores[17:33] = 1.0  # the second span of 16 free rows (rows 1..48 are free; row 0 is kept)
+    keep = torch.zeros(49, dtype=torch.bool)
+    keep[0] = True
+    assert select_rows(scores, 16, keep).tolist() == [0] + list(range(17, 33))
+    assert select_rows(scores, 15, keep).tolist() == [0]  # a span that does not fit is not split
+
+
+def test_chain_budgets():
+    assert relative_chain_budget(40, 100, 8) == 40 + 13
+    assert fixed_chain_budget(40, 100, 64) == 64 and fixed_chain_budget(10, 20, 64) == 30
+
+
+def test_unknown_selector_lists_names():
+    with pytest.raises(UnknownNameError) as e:
+        get_selector("h3o")
+    assert all(n in str(e.value) for n in SELECTORS)
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma3", "qwen2"])
+def finished(request):
+    torch.set_num_threads(1)
+    agent = Agent(tiny_model(request.param), tiny_tokenizer(), request.param)
+    state = agent.think(agent.prefill("The blue crate holds 58 bolts. " * 3), 2)
+    return agent, state
+
+
+@pytest.mark.parametrize("name", sorted(SELECTORS))
+def test_every_selector_scores_every_row_deterministically(finished, name):
+    agent, state = finished
+    sel = get_selector(name)
+    s = sel.score(agent, state, "How many bolts?")
+    assert s.shape == (len(state),) and torch.isfinite(s).all()
+    assert torch.equal(s, sel.score(agent, state, "How many bolts?"))
+
+
+def test_attend_uses_global_layers_only_on_hybrid(finished):
+    agent, state = finished
+    attn = agent.attend(state, "How many?")
+    n_global = state.geometry.layer_types.count("global")
+    assert attn.shape[0] == n_global and attn.shape[-1] == len(state)
+    assert torch.all(attn.sum(-1) <= 1 + 1e-5)  # the query's own tokens take the rest
+
+
+def test_cacheback_protocol_sends_within_budget(finished):
+    agent, _ = finished
+    docs = ["The blue crate holds 58 bolts. " * 4, "Nothing to see here. " * 5]
+    out = get_protocol("cacheback", ratio=4, latent_steps=2, max_new_tokens=2).run([agent] * 2, docs, agent, "Bolts?")
+    for sender in out.details["senders"]:
+        assert sender["sent"] <= math.ceil(sender["rows"] / 4) + 1 + 2  # B + first row + latent rows
+    assert out.message_bytes == out.details["message_rows"] * agent.geometry.hidden_size * 4
+    assert all(0 <= a < b <= len(d) for spans, d in zip(out.kept_spans, docs) for a, b in spans)
+    ids = get_protocol("cacheback", ratio=4, latent_steps=2, max_new_tokens=2, encoding="token_ids").run(
+        [agent] * 2, docs, agent, "Bolts?")
+    assert ids.answer == out.answer and ids.message_bytes < out.message_bytes
