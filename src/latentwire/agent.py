@@ -243,7 +243,7 @@ class Agent:
             raise TypeError("with a message, the question must be a string")
         if isinstance(message, KVState):  # full KV: the state is the prefix, the prompt continues after it
             self.geometry.check_same(message.geometry)
-            ids = self.tokenizer(self._continuation_text(KV_PROMPT.format(question=question)),
+            ids = self.tokenizer(self.continuation_text(KV_PROMPT.format(question=question)),
                                  add_special_tokens=False)["input_ids"]
             self._check_window(message=len(message), prompt=len(ids), max_new_tokens=max_new_tokens)
             return message.compact().to_cache(), len(message), {"ids": torch.tensor(ids)}, len(message), len(ids)
@@ -263,7 +263,7 @@ class Agent:
         raise TypeError(f"a message is text, Rows or a KVState, not {type(message).__name__}")
 
     # -- helpers ----------------------------------------------------------------------------
-    def _continuation_text(self, question: str) -> str:
+    def continuation_text(self, question: str) -> str:
         """Template text that closes the open assistant turn a message ends in, then asks `question`.
 
         A full-KV message is another agent's prefill (ending at its generation prompt) plus latent

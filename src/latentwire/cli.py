@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from .errors import LatentWireError
 
@@ -76,6 +77,25 @@ def _bench_report(args) -> int:
     return 0
 
 
+def _inspect(args) -> int:
+    from .agent import Agent
+    from .bench.inspect import inspect_episode, screenshot
+    from .bench.runner import load_task_episodes
+    from .errors import UnknownNameError
+
+    episodes = {e.id: e for e in load_task_episodes(args.task)}
+    if args.episode not in episodes:
+        raise UnknownNameError("episode", args.episode, list(episodes)[:20] + ["..."])
+    agent = Agent.from_pretrained(args.model)
+    page = inspect_episode(agent, episodes[args.episode], args.selectors.split(","), args.ratio, args.latent_steps)
+    out = Path(args.out)
+    out.write_text(page, encoding="utf-8")
+    print(f"wrote {out}")
+    if args.png:
+        print(f"wrote {screenshot(out, out.with_suffix('.png'))}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="latentwire", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -102,6 +122,16 @@ def main(argv=None) -> int:
     brep = bench.add_parser("report", help="markdown table with bootstrap CIs and PNG plots")
     brep.add_argument("run_dir")
     brep.set_defaults(fn=_bench_report)
+    insp = sub.add_parser("inspect", help="one episode as HTML: kept spans per selector, gold evidence underlined")
+    insp.add_argument("--task", default="facts")
+    insp.add_argument("--episode", required=True)
+    insp.add_argument("--model", default="smollm2-135m")
+    insp.add_argument("--selectors", default="cacheback,mean_query,streaming_llm,random")
+    insp.add_argument("--ratio", type=float, default=8.0)
+    insp.add_argument("--latent-steps", type=int, default=8)
+    insp.add_argument("--out", default="inspect.html")
+    insp.add_argument("--png", action="store_true", help="also render a PNG with headless chromium")
+    insp.set_defaults(fn=_inspect)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     try:

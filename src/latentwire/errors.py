@@ -46,3 +46,7 @@ class ContextOverflowError(LatentWireError):
 
 class TaskFormatError(LatentWireError, ValueError):
     """A malformed task file or episode; the message names the file, line and field."""
+
+
+class PressUnsupportedError(LatentWireError, ValueError):
+    """A kvpress baseline that cannot score this model; the message names the reason."""

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from ..agent import LATENT_MODES, Agent
+from ..agent import KV_PROMPT, LATENT_MODES, Agent
 from ..errors import UnknownNameError
 from ..message import Rows
 from ..select import SELECTORS, SPAN, always_kept, fanin_budget, get_selector, select_rows
@@ -21,6 +21,7 @@ from ..state import KVState
 from .base import SENDER_PROMPT, Outcome, Protocol, register
 
 ENCODINGS = ("rows", "token_ids")
+QUERY_FORMATS = ("turn", "raw")
 
 
 @register
@@ -34,6 +35,9 @@ class CacheBack(Protocol):
     selector_params: dict = field(default_factory=dict)
     encoding: str = "rows"  # "rows" (one hidden-size row per position) or "token_ids" (ids + latent rows)
     span: int = SPAN
+    # How q is appended after the finished state: "turn" = the receiver's own next chat turn asking the
+    # question (what the receiver would prefill), "raw" = the question's tokens alone.
+    query_format: str = "turn"
 
     def __post_init__(self):
         super().__post_init__()
@@ -45,6 +49,8 @@ class CacheBack(Protocol):
             raise UnknownNameError("latent mode", self.latent_mode, LATENT_MODES)
         if self.encoding not in ENCODINGS:
             raise UnknownNameError("encoding", self.encoding, ENCODINGS)
+        if self.query_format not in QUERY_FORMATS:
+            raise UnknownNameError("query format", self.query_format, QUERY_FORMATS)
         if self.selector not in SELECTORS:
             raise UnknownNameError("selector", self.selector, SELECTORS)
         self._selector = get_selector(self.selector, **self.selector_params)
@@ -54,10 +60,14 @@ class CacheBack(Protocol):
         return sender.think(sender.prefill(SENDER_PROMPT.format(document=document)), self.latent_steps,
                             self.latent_mode)
 
-    def choose(self, sender: Agent, state: KVState, query: str) -> torch.Tensor:
-        """Row indices to send for this query (re-scoring a stored state; the sender is not re-run)."""
-        scores = self._selector.score(sender, state, query)
-        return select_rows(scores, fanin_budget(len(state), self.ratio), always_kept(state), self.span)
+    def query_text(self, sender: Agent, question: str) -> str:
+        return sender.continuation_text(KV_PROMPT.format(question=question)) if self.query_format == "turn" \
+            else question
+
+    def choose(self, sender: Agent, state: KVState, question: str, eligible: torch.Tensor | None = None) -> torch.Tensor:
+        """Row indices to send for this question (re-scoring a stored state; the sender is not re-run)."""
+        scores = self._selector.score(sender, state, self.query_text(sender, question))
+        return select_rows(scores, fanin_budget(len(state), self.ratio), always_kept(state), self.span, eligible)
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
         parts, seconds, kept, timing = [], [], [], []
@@ -65,12 +75,15 @@ class CacheBack(Protocol):
             t0 = time.perf_counter()
             state = self.read(sender, doc)
             t1 = time.perf_counter()
-            rows = self.choose(sender, state, question)
+            per_row, eligible = document_rows(sender, doc, len(state))
+            rows = self.choose(sender, state, question, eligible)
             parts.append(sender.rows(state.select(rows)))
-            t2 = time.perf_counter()
+            # Press baselines re-run the prefill to record scores a deployed sender records while reading.
+            rerun = getattr(self._selector, "last_seconds", 0.0)
+            t2 = time.perf_counter() - rerun
             seconds.append(t2 - t0)
             timing.append({"read_s": t1 - t0, "select_s": t2 - t1, "rows": len(state), "sent": len(rows)})
-            kept.append(document_spans(sender, SENDER_PROMPT.format(document=doc), doc, rows))
+            kept.append(kept_document_spans(per_row, rows))
         message = Rows(torch.cat([p.embeds for p in parts]), torch.cat([p.token_ids for p in parts]))
         nbytes = message.nbytes if self.encoding == "rows" else message.token_id_nbytes
         reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
@@ -78,17 +91,25 @@ class CacheBack(Protocol):
                        {"senders": timing, "message_rows": len(message)}, kept_spans=tuple(kept))
 
 
-def document_spans(sender: Agent, prompt: str, document: str, rows: torch.Tensor) -> tuple[tuple[int, int], ...]:
-    """Character spans of `document` covered by the given prompt rows (latent rows cover no text)."""
-    text = sender.chat_text(prompt)
-    enc = sender.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+def document_rows(sender: Agent, document: str, n_rows: int) -> tuple[list[tuple[int, int] | None], torch.Tensor]:
+    """Map a sender state's rows to its document: per prompt row the character span of `document` it
+    covers (None for template rows), and an (n_rows,) bool mask of document rows (latent rows: False).
+
+    Only document rows compete for the budget: template tokens would be wasted in a message the
+    receiver re-prefills inside its own template.
+    """
+    text = sender.chat_text(SENDER_PROMPT.format(document=document))
+    offsets = sender.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     start = text.index(document)
     end = start + len(document)
-    spans = []
-    for r in rows.tolist():
-        if r < len(enc["offset_mapping"]):
-            a, b = enc["offset_mapping"][r]
-            a, b = max(a, start), min(b, end)
-            if a < b:
-                spans.append((a - start, b - start))
-    return tuple(spans)
+    per_row = []
+    for a, b in offsets:
+        a, b = max(a, start), min(b, end)
+        per_row.append((a - start, b - start) if a < b else None)
+    eligible = torch.zeros(n_rows, dtype=torch.bool)
+    eligible[: len(per_row)] = torch.tensor([span is not None for span in per_row])
+    return per_row, eligible
+
+
+def kept_document_spans(per_row: list, rows: torch.Tensor) -> tuple[tuple[int, int], ...]:
+    return tuple(per_row[r] for r in rows.tolist() if r < len(per_row) and per_row[r] is not None)

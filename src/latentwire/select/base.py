@@ -55,18 +55,20 @@ def always_kept(state: KVState) -> torch.Tensor:
     return keep
 
 
-def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int = SPAN) -> torch.Tensor:
+def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int = SPAN,
+                eligible: torch.Tensor | None = None) -> torch.Tensor:
     """Row indices to send: the always-kept rows plus whole spans, best mean score first, within `budget`.
 
-    The other rows are cut, in order, into spans of `span` rows; spans are ranked by mean score (ties:
-    the earlier span first) and added whole while they fit, so at most `budget` rows join the kept ones.
-    Deterministic: the same scores always give the same rows.
+    The eligible rows that are not always kept (by default all of them; a protocol passes the rows of
+    the sender's document, so template tokens never spend budget) are cut, in order, into spans of
+    `span` rows; spans are ranked by mean score (ties: the earlier span first) and added whole while
+    they fit, so at most `budget` rows join the kept ones. Deterministic.
     """
-    if scores.shape != keep.shape:
+    if scores.shape != keep.shape or (eligible is not None and eligible.shape != keep.shape):
         raise ValueError(f"{tuple(scores.shape)} scores for {tuple(keep.shape)} rows")
     if budget < 0 or span < 1:
         raise ValueError(f"budget must be ≥ 0 and span ≥ 1, got {budget}, {span}")
-    free = torch.nonzero(~keep).flatten()  # candidate rows, in order
+    free = torch.nonzero(~keep if eligible is None else eligible & ~keep).flatten()  # candidate rows, in order
     spans = [free[i:i + span] for i in range(0, len(free), span)]
     means = [float(scores[s].double().mean()) for s in spans]
     order = sorted(range(len(spans)), key=lambda i: (-means[i], i))

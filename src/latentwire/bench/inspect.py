@@ -1,0 +1,95 @@
+"""See what was sent: one episode as an HTML page, selectors side by side.
+
+    latentwire inspect --task facts --episode facts-0005 --selectors cacheback,streaming_llm --ratio 8 --out x.html
+
+Each sender's document is shown once per selector: kept text highlighted (darker = higher score),
+gold evidence underlined. `--png` also renders the page with headless Chromium (Debian's `chromium`).
+"""
+from __future__ import annotations
+
+import html
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from ..agent import Agent
+from ..errors import LatentWireError
+from ..protocols.cacheback import CacheBack, document_rows
+from ..select import always_kept, fanin_budget, get_selector, select_rows
+from .episode import Episode
+
+_STYLE = """body{font:13px/1.45 system-ui,sans-serif;margin:16px;color:#222}
+.grid{display:grid;gap:12px}.doc{white-space:pre-wrap;border:1px solid #ccc;padding:8px;max-height:520px;
+overflow:auto;font:12px/1.4 ui-monospace,monospace}u{text-decoration:underline 2px #c00}h3{margin:4px 0}
+.meta{color:#666;font-size:12px}"""
+
+
+def _char_marks(doc: str, rows: torch.Tensor, scores: torch.Tensor, per_row: list) -> list[float]:
+    """Per character of the document: the normalised score of the kept row covering it, else 0."""
+    marks = [0.0] * len(doc)
+    kept = scores[rows].double()
+    lo, hi = float(kept.min()), float(kept.max())
+    for r, s in zip(rows.tolist(), kept.tolist()):
+        span = per_row[r] if r < len(per_row) else None
+        if span is not None:
+            level = 0.25 + 0.75 * ((s - lo) / (hi - lo) if hi > lo else 1.0)
+            marks[span[0]:span[1]] = [level] * (span[1] - span[0])
+    return marks
+
+
+def _render(doc: str, marks: list[float], gold: list[bool]) -> str:
+    out, i = [], 0
+    while i < len(doc):
+        j = i
+        while j < len(doc) and marks[j] == marks[i] and gold[j] == gold[i]:
+            j += 1
+        text = html.escape(doc[i:j])
+        if gold[i]:
+            text = f"<u>{text}</u>"
+        if marks[i]:
+            text = f'<span style="background:rgba(255,170,0,{marks[i]:.2f})">{text}</span>'
+        out.append(text)
+        i = j
+    return "".join(out)
+
+
+def inspect_episode(agent: Agent, ep: Episode, selectors: list[str], ratio: float, latent_steps: int) -> str:
+    reader = CacheBack(latent_steps=latent_steps)
+    cols = len(selectors)
+    parts = [f"<!doctype html><meta charset=utf-8><title>{html.escape(ep.id)}</title><style>{_STYLE}</style>",
+             f"<h2>{html.escape(ep.id)}: {html.escape(ep.question)}</h2>",
+             f"<p class=meta>gold: {html.escape(str(ep.answers))} · model {agent.model_name} · ratio {ratio}× · "
+             f"G = {latent_steps} · highlight = kept (darker = higher score), underline = gold evidence</p>"]
+    for a, doc in enumerate(ep.contexts):
+        gold = [False] * len(doc)
+        for s in ep.evidence:
+            if s.agent == a:
+                gold[s.start:s.end] = [True] * (s.end - s.start)
+        state = reader.read(agent, doc)
+        per_row, eligible = document_rows(agent, doc, len(state))
+        parts.append(f"<h3>sender {a} ({len(state)} rows, budget {fanin_budget(len(state), ratio)})</h3>"
+                     f"<div class=grid style='grid-template-columns:repeat({cols},1fr)'>")
+        for name in selectors:
+            scores = get_selector(name).score(agent, state, reader.query_text(agent, ep.question))
+            rows = select_rows(scores, fanin_budget(len(state), ratio), always_kept(state), eligible=eligible)
+            body = _render(doc, _char_marks(doc, rows, scores, per_row), gold)
+            parts.append(f"<div><b>{html.escape(name)}</b> <span class=meta>{len(rows)} rows</span>"
+                         f"<div class=doc>{body}</div></div>")
+        parts.append("</div>")
+    return "\n".join(parts)
+
+
+def screenshot(html_path: Path, png_path: Path, width: int = 1600, height: int = 2000) -> Path:
+    """Render with headless Chromium; a clear error when it is not installed."""
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        raise LatentWireError("--png needs Debian's chromium: apt-get install -y chromium")
+    with tempfile.TemporaryDirectory() as profile:
+        subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                        "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
+                        f"--window-size={width},{height}", f"--screenshot={png_path.resolve()}",
+                        html_path.resolve().as_uri()], check=True, capture_output=True, timeout=120)
+    return png_path
