@@ -12,7 +12,7 @@ import logging
 import time
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Literal, Sequence, Union
+from typing import Sequence, Union
 
 import torch
 from transformers.cache_utils import DynamicCache
