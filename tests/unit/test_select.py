@@ -127,3 +127,16 @@ def test_cacheback_protocol_sends_within_budget(finished):
     ids = get_protocol("cacheback", ratio=4, latent_steps=2, max_new_tokens=2, encoding="token_ids").run(
         [agent] * 2, docs, agent, "Bolts?")
     assert ids.answer == out.answer and ids.message_bytes < out.message_bytes
+
+
+def test_follow_up_query_rescores_the_stored_state_without_rerunning_the_sender(finished):
+    agent, _ = finished
+    proto = get_protocol("cacheback", ratio=4, latent_steps=2)
+    state = proto.read(agent, "The blue crate holds 58 bolts. The red crate holds 12 nails. " * 3)
+    digest, ops = state.digest(), [c.op for c in agent.calls]
+    first = proto.choose(agent, state, "How many bolts?")
+    second = proto.choose(agent, state, "How many nails?")
+    assert [c.op for c in agent.calls] == ops  # no prefill, no latent step, no answer: only q was run
+    assert state.digest() == digest  # the stored state is untouched and can serve further queries
+    assert torch.equal(first, proto.choose(agent, state, "How many bolts?"))
+    assert len(first) == len(second)  # same budget; the rows may differ with the query
