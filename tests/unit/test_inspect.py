@@ -1,0 +1,23 @@
+"""`latentwire inspect`: the page shows each selector's kept text and underlines the gold evidence."""
+import torch
+
+from latentwire.agent import Agent
+from latentwire.bench.episode import Episode, Span
+from latentwire.bench.inspect import _render, inspect_episode
+from latentwire.models import tiny_model, tiny_tokenizer
+
+
+def test_render_marks_kept_text_and_underlines_gold():
+    html = _render("ab<c>d", [0, 0.5, 0.5, 0, 0, 0], [False, False, True, True, True, False])
+    assert html == ('a<span style="background:rgba(255,170,0,0.50)">b</span>'
+                    '<span style="background:rgba(255,170,0,0.50)"><u>&lt;</u></span><u>c&gt;</u>d')
+
+
+def test_inspect_page_has_one_column_per_selector_and_the_gold_evidence():
+    torch.set_num_threads(1)
+    agent = Agent(tiny_model("llama"), tiny_tokenizer(), "llama")
+    doc = "Filler words here. The code is 7341. More filler follows now."
+    ep = Episode("e", "t", "fanin", "What is the code?", ["7341"], (doc,), (Span(0, 19, 36),))
+    page = inspect_episode(agent, ep, ["cacheback", "streaming_llm"], ratio=4, latent_steps=1)
+    assert page.count("<div class=doc>") == 2 and "<b>cacheback</b>" in page and "<b>streaming_llm</b>" in page
+    assert "<u>" in page and "background:rgba(255,170,0," in page
