@@ -1,4 +1,4 @@
-"""Command line: `latentwire models`, `latentwire demo`, `latentwire bench run|report`."""
+"""Command line: `latentwire models`, `latentwire demo`, `latentwire bench run|report`, `latentwire inspect`."""
 from __future__ import annotations
 
 import argparse

@@ -44,6 +44,10 @@ class ContextOverflowError(LatentWireError):
         super().__init__(f"needs {needed} positions but the context window is {window} ({parts})")
 
 
+class ConfigError(LatentWireError, ValueError):
+    """A bad run configuration: protocol spec, unknown or out-of-range parameter."""
+
+
 class TaskFormatError(LatentWireError, ValueError):
     """A malformed task file or episode; the message names the file, line and field."""
 

@@ -68,7 +68,9 @@ class Geometry:
     @classmethod
     def from_model(cls, model, name: str, tokenizer_id: str) -> "Geometry":
         config = model.config.get_text_config(decoder=True)
-        hf_types = list(getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers)
+        # Without layer_types, transformers' DynamicCache makes every layer sliding when a window is set.
+        default = "sliding_attention" if getattr(config, "sliding_window", None) else "full_attention"
+        hf_types = list(getattr(config, "layer_types", None) or [default] * config.num_hidden_layers)
         unknown = sorted(set(hf_types) - set(_HF_LAYER_TYPES))
         if unknown:
             raise UnsupportedRopeError(f"layer types {unknown} are not supported (only {sorted(_HF_LAYER_TYPES)})")

@@ -112,3 +112,32 @@ def test_runner_records_typed_errors_and_goes_on(tiny_task, tmp_path):
     assert records[0]["error"] is None
     assert all(r["error"].startswith("ContextOverflowError") and r["accuracy"] == 0.0 for r in records[1:])
     assert "errors" in write_report(tmp_path / "r").read_text().lower()
+
+
+def test_bad_specs_and_parameters_are_config_errors():
+    from latentwire.errors import ConfigError
+    from latentwire.protocols import get_protocol
+
+    for spec in ("fullkv(8)", "fullkv(latent_steps=)", "full kv"):
+        with pytest.raises(ConfigError):
+            parse_protocols(spec)
+    with pytest.raises(ConfigError, match="latent_step"):
+        get_protocol("fullkv", latent_step=8)  # unknown field
+    with pytest.raises(ConfigError):
+        get_protocol("fullkv", latent_steps=-1)
+
+
+def test_resume_drops_a_line_cut_short_and_refuses_another_n(tiny_task, tmp_path):
+    from latentwire.errors import ConfigError
+
+    agent = Agent(tiny_model("llama"), tiny_tokenizer(), "llama", context_window=1000)
+    out, cfg = tmp_path / "run", RunConfig(str(tiny_task), "alone(max_new_tokens=1)", "llama")
+    run(cfg, out, progress=False, agent=agent)
+    lines = (out / "records.jsonl").read_text().splitlines()
+    (out / "records.jsonl").write_text("\n".join(lines[:2]) + "\n" + lines[2][:25])  # crash mid-write
+    run(cfg, out, progress=False, agent=agent)
+    again = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
+    assert [r["episode"] for r in again] == ["e0", "e1", "e2"]
+    assert len(json.loads((out / "config.json").read_text())["resumed"]) == 1
+    with pytest.raises(ConfigError):
+        run(RunConfig(str(tiny_task), "alone(max_new_tokens=1)", "llama", n=2), out, progress=False, agent=agent)

@@ -18,7 +18,7 @@ import torch
 from ..agent import Agent
 from ..errors import LatentWireError
 from ..protocols.cacheback import CacheBack, document_rows
-from ..select import always_kept, fanin_budget, get_selector, select_rows
+from ..select import always_kept, fanin_budget, select_rows
 from .episode import Episode
 
 _STYLE = """body{font:13px/1.45 system-ui,sans-serif;margin:16px;color:#222}
@@ -73,8 +73,9 @@ def inspect_episode(agent: Agent, ep: Episode, selectors: list[str], ratio: floa
         parts.append(f"<h3>sender {a} ({len(state)} rows, budget {fanin_budget(len(state), ratio)})</h3>"
                      f"<div class=grid style='grid-template-columns:repeat({cols},1fr)'>")
         for name in selectors:
-            scores = get_selector(name).score(agent, state, reader.query_text(agent, ep.question))
-            rows = select_rows(scores, fanin_budget(len(state), ratio), always_kept(state), eligible=eligible)
+            proto = CacheBack(ratio=ratio, latent_steps=latent_steps, selector=name)
+            scores = proto._selector.score(agent, state, proto.query_text(agent, ep.question))
+            rows = select_rows(scores, fanin_budget(len(state), ratio), always_kept(state), proto.span, eligible)
             body = _render(doc, _char_marks(doc, rows, scores, per_row), gold)
             parts.append(f"<div><b>{html.escape(name)}</b> <span class=meta>{len(rows)} rows</span>"
                          f"<div class=doc>{body}</div></div>")

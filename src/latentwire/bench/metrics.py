@@ -45,11 +45,12 @@ def contains(prediction: str, aliases: Sequence[str]) -> float:
     return float(any(normalize(a) and f" {normalize(a)} " in p for a in aliases))
 
 
-def answer_scores(prediction: str, answers: list | dict) -> dict[str, float]:
-    """EM, F1, accuracy and strict accuracy of one prediction against list or multi-part gold answers."""
+def answer_scores(prediction: str, answers: list | dict) -> dict[str, float | None]:
+    """EM, F1, accuracy and strict accuracy of one prediction against list or multi-part gold answers
+    (EM is None for multi-part answers: a sentence cannot equal several parts at once)."""
     if isinstance(answers, dict):  # multi-part: each part scored on the whole prediction, averaged
         parts = [contains(prediction, aliases) for aliases in answers.values()]
-        return {"em": 0.0, "f1": sum(f1(prediction, a) for a in answers.values()) / len(answers),
+        return {"em": None, "f1": sum(f1(prediction, a) for a in answers.values()) / len(answers),
                 "accuracy": sum(parts) / len(parts), "strict": float(all(parts))}
     acc = contains(prediction, answers)
     return {"em": exact_match(prediction, answers), "f1": f1(prediction, answers), "accuracy": acc, "strict": acc}

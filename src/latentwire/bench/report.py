@@ -125,7 +125,7 @@ def write_report(run_dir: str | Path) -> Path:
             have_recall = True
             xs = sorted(by_ratio)
             ax.plot(xs, [statistics.mean(by_ratio[x]) for x in xs], "o-", label=lab)
-    ax.set(xscale="log", xlabel="compression ratio (context tokens ÷ positions sent, log)",
+    ax.set(xscale="log", xlabel="compression of the documents (tokens ÷ tokens sent, log)",
            ylabel="evidence recall", ylim=(-0.05, 1.05), title="evidence recall vs compression")
     if have_recall:
         ax.legend(fontsize=8)

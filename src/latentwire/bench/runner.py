@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..agent import Agent
-from ..errors import LatentWireError
+from ..errors import ConfigError, LatentWireError
 from ..protocols import Outcome, Protocol, get_protocol
 from .episode import Episode, load_episodes, span_token_positions
 from .metrics import answer_scores, evidence_recall
@@ -37,12 +37,19 @@ def parse_protocols(text: str) -> dict[str, tuple[str, dict]]:
             if cur.strip():
                 m = _SPEC.match(cur)
                 if not m:
-                    raise ValueError(f"bad protocol spec {cur!r}; want name or name(key=value, ...)")
+                    raise ConfigError(f"bad protocol spec {cur!r}; want name or name(key=value, ...)")
                 name, args = m.group(1), m.group(2)
                 params = {}
                 if args and args.strip():
-                    call = ast.parse(f"f({args})", mode="eval").body
-                    params = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+                    try:
+                        call = ast.parse(f"f({args})", mode="eval").body
+                        if call.args or any(kw.arg is None for kw in call.keywords):
+                            raise ConfigError(f"protocol spec {cur.strip()!r}: parameters must be key=value")
+                        params = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
+                    except (SyntaxError, ValueError) as e:
+                        if isinstance(e, ConfigError):
+                            raise
+                        raise ConfigError(f"protocol spec {cur.strip()!r}: {e}") from e
                 label = name if not params else f"{name}({', '.join(f'{k}={v!r}' for k, v in params.items())})"
                 out[label] = (name, params)
             cur = ""
@@ -130,21 +137,19 @@ def run(config: RunConfig, out_dir: str | Path, progress: bool = True, agent: Ag
     out_dir.mkdir(parents=True, exist_ok=True)
     resolved = config.resolved()
     cfg_path, rec_path = out_dir / "config.json", out_dir / "records.jsonl"
-    if cfg_path.exists():
-        before = json.loads(cfg_path.read_text())["config"]
-        if {k: before.get(k) for k in ("task", "model", "seed", "filters")} != {
-                k: resolved[k] for k in ("task", "model", "seed", "filters")}:
-            raise LatentWireError(f"{out_dir} holds a run with another task/model/seed/filters; use a new --out")
+    keys = ("task", "model", "n", "seed", "filters")
+    first = json.loads(cfg_path.read_text()) if cfg_path.exists() else None
+    if first and {k: first["config"].get(k) for k in keys} != {k: resolved[k] for k in keys}:
+        raise ConfigError(f"{out_dir} holds a run with another task/model/n/seed/filters; use a new --out")
     protocols = {label: get_protocol(spec["name"], **spec["params"]) for label, spec in resolved["protocols"].items()}
     episodes = select_episodes(load_task_episodes(config.task), config.n, config.seed, config.filters)
-    cfg_path.write_text(json.dumps({"config": resolved, "environment": environment(),
-                                    "episodes": [e.id for e in episodes]}, indent=2) + "\n")
-    done = set()
-    if rec_path.exists():
-        for line in rec_path.read_text().splitlines():
-            if line.strip():
-                r = json.loads(line)
-                done.add((r["episode"], r["protocol"]))
+    if first is None:  # resuming keeps the first run's environment and logs each resume's
+        record = {"config": resolved, "environment": environment(), "resumed": []}
+    else:
+        record = first | {"resumed": first.get("resumed", []) + [environment()]}
+        record["config"]["protocols"] = first["config"]["protocols"] | resolved["protocols"]
+    cfg_path.write_text(json.dumps(record | {"episodes": [e.id for e in episodes]}, indent=2) + "\n")
+    done = _finished(rec_path)
     agent = agent or Agent.from_pretrained(config.model)
     with rec_path.open("a", encoding="utf-8") as f:
         for label, protocol in protocols.items():
@@ -153,6 +158,22 @@ def run(config: RunConfig, out_dir: str | Path, progress: bool = True, agent: Ag
                 f.write(json.dumps(run_episode(protocol, label, ep, agent), ensure_ascii=False) + "\n")
                 f.flush()
     return out_dir
+
+
+def _finished(rec_path: Path) -> set[tuple[str, str]]:
+    """(episode, protocol) pairs already recorded; a line cut short by a crash is dropped from the file."""
+    if not rec_path.exists():
+        return set()
+    done, good = set(), []
+    for line in rec_path.read_text(encoding="utf-8").splitlines():
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        done.add((r["episode"], r["protocol"]))
+        good.append(line)
+    rec_path.write_text("".join(line + "\n" for line in good), encoding="utf-8")
+    return done
 
 
 def run_episode(protocol: Protocol, label: str, ep: Episode, agent: Agent) -> dict:

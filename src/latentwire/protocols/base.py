@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Sequence
 
 from ..agent import Agent
-from ..errors import UnknownNameError
+from ..errors import ConfigError, LatentWireError, UnknownNameError
 
 SENDER_PROMPT = "Read this document.\n\n{document}"
 QUESTION_SUFFIX = "\n\nQuestion: {question}"
@@ -73,4 +73,9 @@ def register(cls: type[Protocol]) -> type[Protocol]:
 def get_protocol(name: str, **params) -> Protocol:
     if name not in PROTOCOLS:
         raise UnknownNameError("protocol", name, PROTOCOLS)
-    return PROTOCOLS[name](**params)
+    try:
+        return PROTOCOLS[name](**params)
+    except (TypeError, ValueError) as e:  # unknown field, or a range check in __post_init__
+        if isinstance(e, LatentWireError):
+            raise
+        raise ConfigError(f"protocol {name}: {e}") from e

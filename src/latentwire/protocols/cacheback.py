@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 
 from ..agent import KV_PROMPT, LATENT_MODES, Agent
-from ..errors import UnknownNameError
+from ..errors import TaskFormatError, UnknownNameError
 from ..message import Rows
 from ..select import SELECTORS, SPAN, always_kept, fanin_budget, get_selector, select_rows
 from ..state import KVState
@@ -78,8 +78,9 @@ class CacheBack(Protocol):
             per_row, eligible = document_rows(sender, doc, len(state))
             rows = self.choose(sender, state, question, eligible)
             parts.append(sender.rows(state.select(rows)))
-            # Press baselines re-run the prefill to record scores a deployed sender records while reading.
-            rerun = getattr(self._selector, "last_seconds", 0.0)
+            # Press baselines re-run the prefill to record scores a deployed sender records while reading:
+            # that re-run is not charged, the scoring inside it is.
+            rerun = getattr(self._selector, "last_seconds", 0.0) - getattr(self._selector, "last_press_seconds", 0.0)
             t2 = time.perf_counter() - rerun
             seconds.append(t2 - t0)
             timing.append({"read_s": t1 - t0, "select_s": t2 - t1, "rows": len(state), "sent": len(rows)})
@@ -100,7 +101,10 @@ def document_rows(sender: Agent, document: str, n_rows: int) -> tuple[list[tuple
     """
     text = sender.chat_text(SENDER_PROMPT.format(document=document))
     offsets = sender.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-    start = text.index(document)
+    start = text.find(document)
+    if start < 0:
+        raise TaskFormatError("the chat template altered the document (e.g. trimmed its whitespace); "
+                              "strip leading/trailing whitespace from the contexts")
     end = start + len(document)
     per_row = []
     for a, b in offsets:

@@ -41,9 +41,9 @@ class FullKV(Protocol):
             state, dt = timed(self.sender_state, sender, doc, question)
             states.append(state)
             seconds.append(dt)
-        message = KVState.concat(states)
+        message, concat_s = timed(KVState.concat, states)  # the receiver places the states (re-rotation)
         nbytes = sum(len(s.to_bytes()) for s in states)  # each sender ships its own state
         reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
         kept = tuple(((0, len(d)),) for d in documents)  # every position travels
-        return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds,
+        return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds + concat_s,
                        {"message_rows": len(message), "latent_steps": self.latent_steps}, kept)

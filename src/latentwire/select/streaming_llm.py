@@ -1,4 +1,8 @@
-"""StreamingLLM: attention sinks plus the most recent rows; receiver-agnostic, needs no model call."""
+"""StreamingLLM: attention sinks plus the most recent rows; receiver-agnostic, needs no model call.
+
+Under the CacheBack protocol only document rows compete for the budget and row 0 is always kept, so
+the first `sinks` rows (template tokens) do not compete: the baseline there is recency over the document.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
