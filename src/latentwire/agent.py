@@ -147,13 +147,23 @@ class Agent:
 
     # -- the three verbs --------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, chat: Chat, add_generation_prompt: bool = True) -> KVState:
+    def prefill(self, chat: Chat, add_generation_prompt: bool = True, rows: Rows | None = None) -> KVState:
+        """Prefill a chat into a fresh state. With `rows`, the chat text holds `SLOT` once and the received
+        rows are re-prefilled there (a chain hop reading the previous hop's message with its own input)."""
         t0 = time.perf_counter()
-        ids = self.chat_ids(chat, add_generation_prompt)
+        if rows is None:
+            ids = torch.tensor(self.chat_ids(chat, add_generation_prompt))
+            inputs, latents = {"ids": ids}, None
+        else:
+            pre, post = self.slot_ids(self.chat_text(chat, add_generation_prompt))
+            self._check_rows(rows)
+            ids = torch.cat([torch.tensor(pre, dtype=torch.int64), rows.token_ids, torch.tensor(post, dtype=torch.int64)])
+            embeds = torch.cat([self.embed(pre), rows.embeds.to(self.model.dtype), self.embed(post)])
+            inputs, latents = {"embeds": embeds}, rows.embeds[rows.token_ids == -1]
         self._check_window(prompt=len(ids))
         cache = DynamicCache(config=self.model.config)
-        hidden = self._forward(cache, 0, ids=torch.tensor(ids))
-        state = KVState.from_cache(cache, self.geometry, torch.tensor(ids), last_hidden=hidden[-1].clone())
+        hidden = self._forward(cache, 0, **inputs)
+        state = KVState.from_cache(cache, self.geometry, ids, latents, last_hidden=hidden[-1].clone())
         self._record("prefill", t0, len(ids), 0, len(state))
         return state
 
@@ -249,9 +259,7 @@ class Agent:
             return message.compact().to_cache(), len(message), {"ids": torch.tensor(ids)}, len(message), len(ids)
         pre, post = self._slot_split(question)
         if isinstance(message, Rows):  # continuous rows, re-prefilled inside the template slot
-            if message.embeds.shape[1] != self.geometry.hidden_size:
-                raise StateFormatError(f"rows have width {message.embeds.shape[1]}, this model's hidden size is "
-                                       f"{self.geometry.hidden_size}")
+            self._check_rows(message)
             self._check_window(message=len(message), prompt=len(pre) + len(post), max_new_tokens=max_new_tokens)
             embeds = torch.cat([self.embed(pre), message.embeds.to(self.model.dtype), self.embed(post)])
             return DynamicCache(config=self.model.config), 0, {"embeds": embeds}, len(message), len(pre) + len(post)
@@ -283,9 +291,20 @@ class Agent:
         return MESSAGE_PROMPT.format(question=question)
 
     def _slot_split(self, question: str) -> tuple[list[int], list[int]]:
-        before, after = self.chat_text(self._with_slot(question)).split(SLOT)
+        return self.slot_ids(self.chat_text(self._with_slot(question)))
+
+    def slot_ids(self, text: str) -> tuple[list[int], list[int]]:
+        """Token ids before and after the one `SLOT` in a rendered prompt."""
+        if text.count(SLOT) != 1:
+            raise StateFormatError(f"the prompt must hold the message slot exactly once (found {text.count(SLOT)})")
+        before, after = text.split(SLOT)
         tok = self.tokenizer
         return tok(before, add_special_tokens=False)["input_ids"], tok(after, add_special_tokens=False)["input_ids"]
+
+    def _check_rows(self, rows: Rows) -> None:
+        if rows.embeds.shape[1] != self.geometry.hidden_size:
+            raise StateFormatError(f"rows have width {rows.embeds.shape[1]}, this model's hidden size is "
+                                   f"{self.geometry.hidden_size}")
 
     @cached_property
     def _stop_ids(self) -> set[int]:

@@ -140,3 +140,33 @@ def test_follow_up_query_rescores_the_stored_state_without_rerunning_the_sender(
     assert state.digest() == digest  # the stored state is untouched and can serve further queries
     assert torch.equal(first, proto.choose(agent, state, "How many bolts?"))
     assert len(first) == len(second)  # same budget; the rows may differ with the query
+
+
+@pytest.mark.parametrize("budget", ["relative", "fixed"])
+def test_chain_hops_respect_their_budgets_and_track_origins(finished, budget):
+    agent, _ = finished
+    docs = ["The blue crate holds 58 bolts. " * 3, "The red crate holds 12 nails. " * 3, "Doors lock at six. " * 3]
+    proto = get_protocol("cacheback_chain", ratio=4, latent_steps=1, max_new_tokens=2, budget=budget, max_rows=40)
+    out = proto.run([agent] * 3, docs, agent, "How many bolts?")
+    hops = out.details["hops"]
+    assert len(hops) == 3 and hops[0]["budget"] == math.ceil(hops[0]["rows"] / 4)
+    for i, h in enumerate(hops):
+        latent_inherited = i  # one latent row per earlier hop travels on (always kept)
+        assert h["sent"] <= h["budget"] + 1 + 1 + latent_inherited  # B + first row + own latent + inherited latents
+        if budget == "fixed" and i:
+            assert h["budget"] <= 40
+    assert out.details["message_rows"] == hops[-1]["sent"]
+    for spans, doc in zip(out.kept_spans, docs):
+        assert all(0 <= a < b <= len(doc) for a, b in spans)
+
+
+def test_prefill_with_rows_places_the_message_in_the_slot(finished):
+    from latentwire.agent import SLOT
+
+    agent, state = finished
+    rows = agent.rows(state)
+    hop = agent.prefill("Notes:\n" + SLOT + "\nThen more.", rows=rows)
+    pre, post = agent.slot_ids(agent.chat_text("Notes:\n" + SLOT + "\nThen more."))
+    assert len(hop) == len(pre) + len(rows) + len(post)
+    assert torch.equal(hop.token_ids[len(pre):len(pre) + len(rows)], rows.token_ids)
+    assert torch.allclose(hop.latents, rows.embeds[rows.token_ids == -1])

@@ -1,0 +1,102 @@
+"""CacheBack along a chain (SPEC §1.4): hop i re-prefills the rows hop i-1 sent, reads its own new
+document after them, thinks, scores the whole state against the receiver's query and sends on.
+
+Budgets: relative B_i = T_old + ceil(T_new / r), or fixed B_i = min(B_max, T_old + T_new), where T_old
+is the number of inherited rows and T_new the hop's own new rows. Inherited rows compete with the new
+document rows (they may be dropped); the first row and latent rows are always kept. Every row keeps
+its origin (which document, which characters), so evidence recall is measured on the final message.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..agent import SLOT, Agent
+from ..errors import TaskFormatError, UnknownNameError
+from ..message import Rows
+from ..select import always_kept, fanin_budget, fixed_chain_budget, relative_chain_budget, select_rows
+from .base import SENDER_PROMPT, Outcome, register
+from .cacheback import CacheBack, document_rows
+
+HOP_PROMPT = "Notes from the previous agent:\n" + SLOT + "\n\n" + SENDER_PROMPT
+BUDGETS = ("relative", "fixed")
+Origin = tuple[int, tuple[int, int]] | None  # (document index, character span) of a row, None for other rows
+
+
+@register
+@dataclass
+class CacheBackChain(CacheBack):
+    name = "cacheback_chain"
+    budget: str = "relative"  # "relative" or "fixed"
+    max_rows: int = 512  # B_max of the fixed budget
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.budget not in BUDGETS:
+            raise UnknownNameError("chain budget", self.budget, BUDGETS)
+        if self.max_rows < 1:
+            raise ValueError(f"max_rows must be ≥ 1, got {self.max_rows}")
+
+    def hop(self, sender: Agent, document: str, index: int, question: str, message: Rows | None,
+            origins: list[Origin]) -> tuple[Rows, list[Origin], dict]:
+        """One hop: read (message +) document, select, encode. Returns the rows to send and their origins."""
+        t0 = time.perf_counter()
+        if message is None:
+            state = self.read(sender, document)
+            per_row, eligible = document_rows(sender, document, len(state))
+            row_origin = [(index, s) if s else None for s in per_row]
+            budget = fanin_budget(len(state), self.ratio)
+        else:
+            state = sender.think(sender.prefill(HOP_PROMPT.format(document=document), rows=message),
+                                 self.latent_steps, self.latent_mode)
+            row_origin, eligible = _hop_rows(sender, document, index, message, origins, len(state))
+            t_old, t_new = len(message), len(state) - len(message) - self.latent_steps
+            budget = (relative_chain_budget(t_old, t_new, self.ratio) if self.budget == "relative"
+                      else fixed_chain_budget(t_old, t_new, self.max_rows))
+        t1 = time.perf_counter()
+        scores = self._selector.score(sender, state, self.query_text(sender, question))
+        rows = select_rows(scores, budget, always_kept(state), self.span, eligible)
+        out = sender.rows(state.select(rows))
+        t2 = time.perf_counter() - (getattr(self._selector, "last_seconds", 0.0)
+                                    - getattr(self._selector, "last_press_seconds", 0.0))
+        info = {"read_s": t1 - t0, "select_s": t2 - t1, "rows": len(state), "budget": budget, "sent": len(rows)}
+        return out, [row_origin[r] if r < len(row_origin) else None for r in rows.tolist()], info
+
+    def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
+        message, origins, seconds, hops = None, [], [], []
+        for i, (sender, doc) in enumerate(self._pair(senders, documents)):
+            t0 = time.perf_counter()
+            message, origins, info = self.hop(sender, doc, i, question, message, origins)
+            seconds.append(time.perf_counter() - t0)
+            hops.append(info)
+        nbytes = message.nbytes if self.encoding == "rows" else message.token_id_nbytes
+        reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
+        kept = tuple(tuple(o[1] for o in origins if o and o[0] == d) for d in range(len(documents)))
+        # Hops run one after another: the chain's critical path is their sum, reported as one "sender".
+        return Outcome(self.name, reply.text, nbytes, reply.context, (sum(seconds),), reply.seconds,
+                       {"hops": hops, "message_rows": len(message)}, kept_spans=kept)
+
+
+def _hop_rows(sender: Agent, document: str, index: int, message: Rows, origins: list[Origin],
+              n_rows: int) -> tuple[list[Origin], torch.Tensor]:
+    """Origins and eligibility of a hop state's rows: [template | inherited rows | template + document]."""
+    text = sender.chat_text(HOP_PROMPT.format(document=document))
+    pre, post = sender.slot_ids(text)
+    after = text.split(SLOT)[1]
+    offsets = sender.tokenizer(after, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    start = after.find(document)
+    if start < 0:
+        raise TaskFormatError("the chat template altered the document; strip its leading/trailing whitespace")
+    doc_origin: list[Origin] = []
+    for a, b in offsets:
+        a, b = max(a, start), min(b, start + len(document))
+        doc_origin.append((index, (a - start, b - start)) if a < b else None)
+    row_origin = [None] * len(pre) + list(origins) + doc_origin
+    eligible = torch.zeros(n_rows, dtype=torch.bool)
+    inherited = torch.arange(len(pre), len(pre) + len(message))
+    eligible[inherited] = message.token_ids >= 0  # inherited token rows may be dropped; latent rows are kept
+    eligible[len(pre) + len(message):len(row_origin)] = torch.tensor([o is not None for o in doc_origin])
+    return row_origin, eligible
