@@ -81,8 +81,7 @@ def main() -> None:
              f"G = {args.latent_steps})", "", f"Command: `{cmd}`", "", header, "|---|" + "---:|" * len(RATIOS)]
     lines += [f"| {n} | " + " | ".join(f"{table[n][r]:.2f}" for r in RATIOS) + " |" for n in names]
     if len(by_hops) > 1:
-        lines += ["", "Recall at 8× by `meta.hops` (a two-hop question names only the first hop's entity, so the "
-                  "bridge fact is hard to find from the query alone):", "",
+        lines += ["", "Recall at 8× by `meta.hops`:", "",
                   "| hops | n | " + " | ".join(names) + " |", "|---|---:|" + "---:|" * len(names)]
         lines += [f"| {h} | {hops.count(h)} | " + " | ".join(f"{by_hops[h][n]:.2f}" for n in names) + " |"
                   for h in by_hops]
