@@ -99,20 +99,24 @@ def document_rows(sender: Agent, document: str, n_rows: int) -> tuple[list[tuple
     Only document rows compete for the budget: template tokens would be wasted in a message the
     receiver re-prefills inside its own template.
     """
-    text = sender.chat_text(SENDER_PROMPT.format(document=document))
+    per_row = token_document_spans(sender, sender.chat_text(SENDER_PROMPT.format(document=document)), document)
+    eligible = torch.zeros(n_rows, dtype=torch.bool)
+    eligible[: len(per_row)] = torch.tensor([span is not None for span in per_row])
+    return per_row, eligible
+
+
+def token_document_spans(sender: Agent, text: str, document: str) -> list[tuple[int, int] | None]:
+    """Per token of `text` (as the sender tokenises it): the character span of `document` it covers, or None."""
     offsets = sender.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     start = text.find(document)
     if start < 0:
         raise TaskFormatError("the chat template altered the document (e.g. trimmed its whitespace); "
                               "strip leading/trailing whitespace from the contexts")
-    end = start + len(document)
-    per_row = []
+    spans = []
     for a, b in offsets:
-        a, b = max(a, start), min(b, end)
-        per_row.append((a - start, b - start) if a < b else None)
-    eligible = torch.zeros(n_rows, dtype=torch.bool)
-    eligible[: len(per_row)] = torch.tensor([span is not None for span in per_row])
-    return per_row, eligible
+        a, b = max(a, start), min(b, start + len(document))
+        spans.append((a - start, b - start) if a < b else None)
+    return spans
 
 
 def kept_document_spans(per_row: list, rows: torch.Tensor) -> tuple[tuple[int, int], ...]:

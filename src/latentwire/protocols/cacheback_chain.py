@@ -15,11 +15,11 @@ from typing import Sequence
 import torch
 
 from ..agent import SLOT, Agent
-from ..errors import TaskFormatError, UnknownNameError
+from ..errors import UnknownNameError
 from ..message import Rows
 from ..select import always_kept, fanin_budget, fixed_chain_budget, relative_chain_budget, select_rows
 from .base import SENDER_PROMPT, Outcome, register
-from .cacheback import CacheBack, document_rows
+from .cacheback import CacheBack, document_rows, token_document_spans
 
 HOP_PROMPT = "Notes from the previous agent:\n" + SLOT + "\n\n" + SENDER_PROMPT
 BUDGETS = ("relative", "fixed")
@@ -84,16 +84,9 @@ def _hop_rows(sender: Agent, document: str, index: int, message: Rows, origins: 
               n_rows: int) -> tuple[list[Origin], torch.Tensor]:
     """Origins and eligibility of a hop state's rows: [template | inherited rows | template + document]."""
     text = sender.chat_text(HOP_PROMPT.format(document=document))
-    pre, post = sender.slot_ids(text)
-    after = text.split(SLOT)[1]
-    offsets = sender.tokenizer(after, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-    start = after.find(document)
-    if start < 0:
-        raise TaskFormatError("the chat template altered the document; strip its leading/trailing whitespace")
-    doc_origin: list[Origin] = []
-    for a, b in offsets:
-        a, b = max(a, start), min(b, start + len(document))
-        doc_origin.append((index, (a - start, b - start)) if a < b else None)
+    pre, _ = sender.slot_ids(text)  # the rows after the slot are tokenised from the text after it
+    doc_origin: list[Origin] = [(index, s) if s else None
+                                for s in token_document_spans(sender, text.split(SLOT)[1], document)]
     row_origin = [None] * len(pre) + list(origins) + doc_origin
     eligible = torch.zeros(n_rows, dtype=torch.bool)
     inherited = torch.arange(len(pre), len(pre) + len(message))
