@@ -1,12 +1,13 @@
 """Evidence-recall diagnostic: every selector × compression ratio on the same finished sender states.
 
     python benchmarks/evidence_recall.py [--model smollm2-135m] [--task facts] [--n 20] [--latent-steps 8]
+                                         [--filter length_bucket=1000]
 
 Each sender that holds gold evidence reads its document once (prefill + G latent steps); every
 selector scores that one state; each ratio r keeps B = ceil(T/r) rows in spans of 16. Recall = gold
 evidence tokens kept ÷ gold evidence tokens, pooled per episode. `cacheback[unrelated q]` is the
 query ablation: CacheBack scored with another episode's question. Also reports the share of the
-sender's time spent scoring + selecting. Writes docs/results/evidence_recall_<task>_<model>.{md,json,png}.
+sender's time spent scoring + selecting. Writes docs/results/evidence_recall_<task>[_<filters>]_<model>.{md,json,png}.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from latentwire.agent import Agent
 from latentwire.bench.episode import span_token_positions
-from latentwire.bench.runner import load_task_episodes, select_episodes
+from latentwire.bench.runner import load_task_episodes, parse_filters, select_episodes
 from latentwire.protocols.cacheback import CacheBack, document_rows, kept_document_spans
 from latentwire.select import always_kept, fanin_budget, get_selector, select_rows
 
@@ -35,14 +36,17 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--latent-steps", type=int, default=8)
     ap.add_argument("--selectors", default=",".join(SELECTORS))
+    ap.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE",
+                    help="keep episodes whose meta[KEY] == VALUE (a Python literal), repeatable")
     args = ap.parse_args()
+    filters = parse_filters(args.filter)
     agent = Agent.from_pretrained(args.model)
     tok = agent.tokenizer
-    episodes = select_episodes(load_task_episodes(args.task), args.n, args.seed, {})
+    episodes = select_episodes(load_task_episodes(args.task), args.n, args.seed, filters)
     reader = CacheBack(latent_steps=args.latent_steps)
     names = list(args.selectors.split(",")) + ["cacheback[unrelated q]"]
     hits = {(s, r): [] for s in names for r in RATIOS}  # per-episode recall
-    read_s, select_s = [], []
+    read_s, prefill_s, select_s = [], [], []
     for i, ep in enumerate(episodes):
         unrelated = episodes[(i + len(episodes) // 2) % len(episodes)].question
         gold_total, kept = 0, {k: 0 for k in hits}
@@ -53,15 +57,17 @@ def main() -> None:
             t0 = time.perf_counter()
             state = reader.read(agent, doc)
             read_s.append(time.perf_counter() - t0)
+            prefill_s.append(next(c.seconds for c in reversed(agent.calls) if c.op == "prefill"))
             per_row, eligible = document_rows(agent, doc, len(state))
             for name in names:
                 sel = get_selector(name.split("[")[0])
                 t1 = time.perf_counter()
                 scores = sel.score(agent, state, reader.query_text(agent, unrelated if "unrelated" in name else ep.question))
+                if name == "cacheback":
+                    select_rows(scores, fanin_budget(len(state), 8), always_kept(state), eligible=eligible)
+                    select_s.append(time.perf_counter() - t1)
                 for r in RATIOS:
                     rows = select_rows(scores, fanin_budget(len(state), r), always_kept(state), eligible=eligible)
-                    if name == "cacheback" and r == 8:
-                        select_s.append(time.perf_counter() - t1)
                     spans = kept_document_spans(per_row, rows)
                     kept[(name, r)] += len(gold & set(span_token_positions(doc, spans, tok)))
         for k in hits:
@@ -73,29 +79,38 @@ def main() -> None:
     hops = [ep.meta.get("hops") for ep in episodes]
     by_hops = {h: {n: statistics.mean(v for v, hh in zip(hits[(n, 8)], hops) if hh == h) for n in names}
                for h in sorted(set(hops), key=str)}
-    share = sum(select_s) / sum(read_s)
+    share, share_prefill = sum(select_s) / sum(read_s), sum(select_s) / sum(prefill_s)
+    agnostic = [n for n in names if n in SELECTORS and not get_selector(n).query_conditioned]
+    best = {r: max(agnostic, key=lambda n: table[n][r]) for r in RATIOS} if agnostic else {}
+    tag = "".join(f"_{k}{v}" for k, v in filters.items())
     cmd = (f"python benchmarks/evidence_recall.py --model {args.model} --task {args.task} --n {args.n} "
-           f"--seed {args.seed} --latent-steps {args.latent_steps} --selectors {args.selectors}")
+           f"--seed {args.seed} --latent-steps {args.latent_steps} --selectors {args.selectors}"
+           + "".join(f" --filter {f}" for f in args.filter))
     header = "| selector | " + " | ".join(f"{r}×" for r in RATIOS) + " |"
-    lines = [f"# Evidence recall vs compression ({args.task}, {args.model}, {len(episodes)} episodes, "
+    lines = [f"# Evidence recall vs compression ({args.task}{tag}, {args.model}, {len(episodes)} episodes, "
              f"G = {args.latent_steps})", "", f"Command: `{cmd}`", "", header, "|---|" + "---:|" * len(RATIOS)]
     lines += [f"| {n} | " + " | ".join(f"{table[n][r]:.2f}" for r in RATIOS) + " |" for n in names]
+    if best and "cacheback" in table:
+        lines += ["| *cacheback − best receiver-agnostic* | " + " | ".join(
+            f"{100 * (table['cacheback'][r] - table[best[r]][r]):+.0f} pp ({best[r]})" for r in RATIOS) + " |"]
     if len(by_hops) > 1:
         lines += ["", "Recall at 8× by `meta.hops`:", "",
                   "| hops | n | " + " | ".join(names) + " |", "|---|---:|" + "---:|" * len(names)]
         lines += [f"| {h} | {hops.count(h)} | " + " | ".join(f"{by_hops[h][n]:.2f}" for n in names) + " |"
                   for h in by_hops]
-    lines += ["", f"Scoring + selection (CacheBack, one query, 8×) took {100 * share:.1f}% of the sender's "
-              f"prefill + latent-step time (median read {statistics.median(read_s):.2f} s, median select "
-              f"{statistics.median(select_s):.3f} s).", "", f"![recall](evidence_recall_{args.task}_{args.model}.png)"]
+    lines += ["", f"Scoring + selection (CacheBack, one query, 8×) took {100 * share_prefill:.1f}% of the sender's "
+              f"prefill time and {100 * share:.1f}% of prefill + latent steps (median prefill "
+              f"{statistics.median(prefill_s):.2f} s, read {statistics.median(read_s):.2f} s, score + select "
+              f"{statistics.median(select_s):.3f} s).", "", f"![recall](evidence_recall_{args.task}{tag}_{args.model}.png)"]
     print("\n".join(lines))
     OUT.mkdir(parents=True, exist_ok=True)
-    stem = OUT / f"evidence_recall_{args.task}_{args.model}"
+    stem = OUT / f"evidence_recall_{args.task}{tag}_{args.model}"
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
     stem.with_suffix(".json").write_text(json.dumps({"command": cmd, "recall": {n: {str(r): v for r, v in t.items()}
                                                                              for n, t in table.items()},
                                                       "recall_at_8x_by_hops": {str(h): v for h, v in by_hops.items()},
-                                                      "select_share": share}, indent=2) + "\n")
+                                                      "select_share": share, "select_share_of_prefill": share_prefill,
+                                                      "episodes": [ep.id for ep in episodes]}, indent=2) + "\n")
     import matplotlib
 
     matplotlib.use("Agg")

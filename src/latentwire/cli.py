@@ -51,18 +51,9 @@ def _demo(args) -> int:
 
 
 def _bench_run(args) -> int:
-    import json
+    from .bench.runner import RunConfig, parse_filters, run
 
-    from .bench.runner import RunConfig, run
-
-    filters = {}
-    for item in args.filter:
-        key, _, value = item.partition("=")
-        try:
-            filters[key] = json.loads(value)  # numbers, true/false, quoted strings
-        except json.JSONDecodeError:
-            filters[key] = value
-    config = RunConfig(args.task, args.protocols, args.model, args.n, args.seed, filters)
+    config = RunConfig(args.task, args.protocols, args.model, args.n, args.seed, parse_filters(args.filter))
     out = run(config, args.out)
     print(f"records in {out / 'records.jsonl'}; report with: latentwire bench report {out}")
     return 0

@@ -1,4 +1,6 @@
 """Protocol registry, hyper-parameter validation, and what each protocol puts on the wire."""
+import math
+
 import pytest
 
 from latentwire.agent import Agent
@@ -76,6 +78,16 @@ def test_text_protocol_bytes_are_the_reports(models, tokenizer):
     assert len(reports) == 2 and any(reports)
     assert out.message_bytes == len("\n".join(reports).encode("utf-8"))
     assert receiver.calls[-1].op == "answer" and out.receiver_context == receiver.calls[-1].context
+
+
+def test_text_at_cacheback_size_budgets_each_report_by_its_document(models, tokenizer):
+    *senders, receiver = [Agent(models["gemma3"], tokenizer, model_name="gemma3") for _ in range(3)]
+    out = Text(ratio=4, max_new_tokens=2).run(senders, DOCS, receiver, QUESTION)
+    want = [math.ceil(len(s.chat_ids(SENDER_PROMPT.format(document=d))) / 4) for s, d in zip(senders, DOCS)]
+    assert out.details["report_budgets"] == want
+    assert all(0 < used <= b for used, b in zip(out.details["report_tokens"], want))
+    with pytest.raises(ValueError):
+        Text(ratio=0.5)
 
 
 def test_alone_sends_nothing(agents):

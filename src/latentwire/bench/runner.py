@@ -74,6 +74,20 @@ class RunConfig:
         return d
 
 
+def parse_filters(items: list[str]) -> dict:
+    """['hops=2', 'kind=x'] -> {'hops': 2, 'kind': 'x'}: values are JSON (numbers, true/false), else strings."""
+    filters = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"bad filter {item!r}; want KEY=VALUE")
+        try:
+            filters[key] = json.loads(value)
+        except json.JSONDecodeError:
+            filters[key] = value
+    return filters
+
+
 def select_episodes(episodes: list[Episode], n: int | None, seed: int, filters: dict) -> list[Episode]:
     eps = [e for e in episodes if all(e.meta.get(k) == v for k, v in filters.items())]
     if n is not None and n < len(eps):

@@ -1,14 +1,20 @@
 """Text (T2T): each sender decodes a report for the receiver's question; the receiver reads the reports.
 
 Decoding the report is on the critical path: it is counted in the sender's time.
+
+`ratio=r` is text at the same message size as CacheBack at r: each report may use as many tokens as
+CacheBack would send rows for that document, ceil(T / r) with T the sender's prompt tokens for it
+(SENDER_PROMPT, the state CacheBack selects from, latent rows aside); `max_report_tokens` is then unused.
 """
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
 from ..agent import Agent
-from .base import Outcome, Protocol, register, timed
+from .base import SENDER_PROMPT, Outcome, Protocol, register
 
 REPORT_PROMPT = ("Read this document.\n\n{document}\n\nQuote the one sentence of the document that best answers: "
                  "{question}")
@@ -19,20 +25,30 @@ REPORT_PROMPT = ("Read this document.\n\n{document}\n\nQuote the one sentence of
 class Text(Protocol):
     name = "text"
     max_report_tokens: int = 64
+    ratio: float | None = None  # report budget ceil(T / ratio): text at CacheBack's message size
 
     def __post_init__(self):
         super().__post_init__()
         if self.max_report_tokens < 1:
             raise ValueError(f"max_report_tokens must be ≥ 1, got {self.max_report_tokens}")
+        if self.ratio is not None and self.ratio < 1:
+            raise ValueError(f"ratio must be ≥ 1, got {self.ratio}")
+
+    def report_budget(self, sender: Agent, document: str) -> int:
+        if self.ratio is None:
+            return self.max_report_tokens
+        return math.ceil(len(sender.chat_ids(SENDER_PROMPT.format(document=document))) / self.ratio)
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
-        reports, seconds = [], []
+        reports, seconds, budgets, used = [], [], [], []
         for sender, doc in self._pair(senders, documents):
-            rep, dt = timed(sender.answer, REPORT_PROMPT.format(document=doc, question=question),
-                            max_new_tokens=self.max_report_tokens)
+            t0 = time.perf_counter()
+            budgets.append(self.report_budget(sender, doc))
+            rep = sender.answer(REPORT_PROMPT.format(document=doc, question=question), max_new_tokens=budgets[-1])
+            seconds.append(time.perf_counter() - t0)
             reports.append(rep.text)
-            seconds.append(dt)
+            used.append(len(rep.token_ids))
         message = "\n".join(reports)
         reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
         return Outcome(self.name, reply.text, len(message.encode()), reply.context, tuple(seconds), reply.seconds,
-                       {"reports": reports})
+                       {"reports": reports, "report_budgets": budgets, "report_tokens": used})
