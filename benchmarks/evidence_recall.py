@@ -19,6 +19,7 @@ from pathlib import Path
 
 from latentwire.agent import Agent
 from latentwire.bench.episode import span_token_positions
+from latentwire.errors import PressUnsupportedError
 from latentwire.bench.runner import load_task_episodes, parse_filters, select_episodes
 from latentwire.protocols.cacheback import CacheBack, document_rows, kept_document_spans
 from latentwire.select import always_kept, fanin_budget, get_selector, select_rows
@@ -47,6 +48,7 @@ def main() -> None:
     names = list(args.selectors.split(",")) + ["cacheback[unrelated q]"]
     hits = {(s, r): [] for s in names for r in RATIOS}  # per-episode recall
     read_s, prefill_s, select_s = [], [], []
+    unsupported: dict[str, str] = {}
     for i, ep in enumerate(episodes):
         unrelated = episodes[(i + len(episodes) // 2) % len(episodes)].question
         gold_total, kept = 0, {k: 0 for k in hits}
@@ -60,9 +62,16 @@ def main() -> None:
             prefill_s.append(next(c.seconds for c in reversed(agent.calls) if c.op == "prefill"))
             per_row, eligible = document_rows(agent, doc, len(state))
             for name in names:
+                if name in unsupported:
+                    continue
                 sel = get_selector(name.split("[")[0])
                 t1 = time.perf_counter()
-                scores = sel.score(agent, state, reader.query_text(agent, unrelated if "unrelated" in name else ep.question))
+                try:
+                    scores = sel.score(agent, state,
+                                       reader.query_text(agent, unrelated if "unrelated" in name else ep.question))
+                except PressUnsupportedError as e:  # e.g. kvzip on Gemma3: reported, not hidden
+                    unsupported[name] = str(e).split(". ")[0]
+                    continue
                 if name == "cacheback":
                     select_rows(scores, fanin_budget(len(state), 8), always_kept(state), eligible=eligible)
                     select_s.append(time.perf_counter() - t1)
@@ -71,10 +80,12 @@ def main() -> None:
                     spans = kept_document_spans(per_row, rows)
                     kept[(name, r)] += len(gold & set(span_token_positions(doc, spans, tok)))
         for k in hits:
-            hits[k].append(kept[k] / gold_total)
+            if k[0] not in unsupported:
+                hits[k].append(kept[k] / gold_total)
         print(f"[{i + 1}/{len(episodes)}] {ep.id}: cacheback@8x {hits[('cacheback', 8)][-1]:.2f}  "
               f"streaming@8x {hits[('streaming_llm', 8)][-1]:.2f}", flush=True)
 
+    names = [n for n in names if n not in unsupported]
     table = {name: {r: statistics.mean(hits[(name, r)]) for r in RATIOS} for name in names}
     hops = [ep.meta.get("hops") for ep in episodes]
     by_hops = {h: {n: statistics.mean(v for v, hh in zip(hits[(n, 8)], hops) if hh == h) for n in names}
@@ -93,6 +104,7 @@ def main() -> None:
     if best and "cacheback" in table:
         lines += ["| *cacheback − best receiver-agnostic* | " + " | ".join(
             f"{100 * (table['cacheback'][r] - table[best[r]][r]):+.0f} pp ({best[r]})" for r in RATIOS) + " |"]
+    lines += [f"| {n} | unsupported on {args.model}: {why} |" for n, why in unsupported.items()]
     if len(by_hops) > 1:
         lines += ["", "Recall at 8× by `meta.hops`:", "",
                   "| hops | n | " + " | ".join(names) + " |", "|---|---:|" + "---:|" * len(names)]

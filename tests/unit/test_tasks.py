@@ -343,3 +343,25 @@ def test_reasoning_premises_are_dealt_disjointly(fresh):
         aware, blind = sorted(pair, key=lambda e: e.meta["regime"])
         assert blind.evidence == aware.evidence and blind.answers == aware.answers
         assert [c + "\nQuestion: " + blind.question for c in blind.contexts] == list(aware.contexts)
+
+
+@pytest.mark.parametrize("senders,tokens,hops", [(1, 300, 1), (4, 300, 2), (8, 120, None)])
+def test_facts_episodes_of_any_size_and_sender_count(senders, tokens, hops):
+    from latentwire.bench.episode import validate_fields
+    from latentwire.bench.tasks.facts import CHARS_PER_TOKEN, episodes
+
+    eps = episodes(1, 4, tokens, senders, hops=hops, topology="chain")
+    assert eps == episodes(1, 4, tokens, senders, hops=hops, topology="chain")  # pure in the seed
+    for ep in eps:
+        assert not validate_fields(ep) and ep.topology == "chain" and len(ep.contexts) == senders
+        assert hops is None or ep.meta["hops"] == hops
+        assert all(0.9 * tokens < len(c) / CHARS_PER_TOKEN < 1.2 * tokens + 60 for c in ep.contexts)
+        last = ep.evidence[-1]  # the answer fact (a two-hop chain's bridge fact comes first)
+        assert any(a.split(" million")[0] in ep.contexts[last.agent][last.start:last.end] for a in ep.answers)
+
+
+def test_facts_episodes_refuse_more_hops_than_senders():
+    from latentwire.bench.tasks.facts import episodes
+
+    with pytest.raises(ValueError, match="2-hop"):
+        episodes(0, 1, 200, 1, hops=2)

@@ -124,7 +124,8 @@ def score(ep: Episode, label: str, out: Outcome, tokenizer) -> dict:
     rec = {"episode": ep.id, "protocol": label, "answer": out.answer, **answer_scores(out.answer, ep.answers),
            "message_bytes": out.message_bytes, "receiver_context": out.receiver_context,
            "sender_seconds": list(out.sender_seconds), "receiver_seconds": out.receiver_seconds,
-           "tteoa": out.tteoa, "evidence_recall": None, "compression_ratio": None, "error": None, "meta": ep.meta}
+           "tteoa": out.tteoa, "evidence_recall": None, "compression_ratio": None, "error": None, "meta": ep.meta,
+           "details": out.details}
     if out.kept_spans is not None:  # both sides mapped to the tokens of each context alone
         gold, kept, total = [], [], 0
         for agent, (context, keep) in enumerate(zip(ep.contexts, out.kept_spans)):

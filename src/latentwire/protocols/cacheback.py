@@ -89,7 +89,8 @@ class CacheBack(Protocol):
         nbytes = message.nbytes if self.encoding == "rows" else message.token_id_nbytes
         reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
         return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds,
-                       {"senders": timing, "message_rows": len(message)}, kept_spans=tuple(kept))
+                       {"senders": timing, "message_rows": len(message), "rows_bytes": message.nbytes,
+                        "token_id_bytes": message.token_id_nbytes}, kept_spans=tuple(kept))
 
 
 def document_rows(sender: Agent, document: str, n_rows: int) -> tuple[list[tuple[int, int] | None], torch.Tensor]:

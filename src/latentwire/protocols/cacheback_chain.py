@@ -77,7 +77,8 @@ class CacheBackChain(CacheBack):
         kept = tuple(tuple(o[1] for o in origins if o and o[0] == d) for d in range(len(documents)))
         # Hops run one after another: the chain's critical path is their sum, reported as one "sender".
         return Outcome(self.name, reply.text, nbytes, reply.context, (sum(seconds),), reply.seconds,
-                       {"hops": hops, "message_rows": len(message)}, kept_spans=kept)
+                       {"hops": hops, "message_rows": len(message), "rows_bytes": message.nbytes,
+                        "token_id_bytes": message.token_id_nbytes}, kept_spans=kept)
 
 
 def _hop_rows(sender: Agent, document: str, index: int, message: Rows, origins: list[Origin],

@@ -151,8 +151,11 @@ def _document(rng: random.Random, facts: list[tuple[str, bool]], target_chars: i
     return text, spans
 
 
-def _episode(rng: random.Random, idx: int, qtype_hops: tuple[str, int], bucket: int) -> Episode:
+def _episode(rng: random.Random, idx: int, qtype_hops: tuple[str, int], bucket: int, senders: int = SENDERS,
+             topology: str = "fanin") -> Episode:
     qtype, hops = qtype_hops
+    if senders < hops:
+        raise ValueError(f"a {hops}-hop question needs ≥ {hops} senders, got {senders}")
     k = rng.randint(6, 8)
     projects = rng.sample(PROJECTS, k)
     cities = rng.sample(CITIES, k)
@@ -170,15 +173,15 @@ def _episode(rng: random.Random, idx: int, qtype_hops: tuple[str, int], bucket: 
     facts = [f for f in facts if f[1] == 0 or rng.random() < 0.8]
     need = {"city": ["based"], "leader": ["leads"], "budget": ["budget"], "city_of_leader": ["leads", "based"],
             "budget_of_leader": ["leads", "budget"], "leader_of_city": ["based", "leads"]}[qtype]
-    gold_agents = rng.sample(range(SENDERS), len(need))  # distinct senders for the two hops
+    gold_agents = rng.sample(range(senders), len(need))  # distinct senders for the two hops
     placement = {}
     for j, f in enumerate(facts):
         if f[1] == 0 and f[0] in need:
             placement[j] = gold_agents[need.index(f[0])]
         else:
-            placement[j] = rng.randrange(SENDERS)
+            placement[j] = rng.randrange(senders)
     contexts, gold_spans, approx = [], {}, []
-    for a in range(SENDERS):
+    for a in range(senders):
         mine = [(f[2], f[1] == 0 and f[0] in need) for j, f in enumerate(facts) if placement[j] == a]
         text, spans = _document(rng, mine, int(bucket * CHARS_PER_TOKEN * rng.uniform(0.95, 1.03)))
         for st, en in spans:
@@ -197,7 +200,16 @@ def _episode(rng: random.Random, idx: int, qtype_hops: tuple[str, int], bucket: 
     meta = {"hops": hops, "qtype": qtype, "length_bucket": bucket, "approx_tokens": approx,
             "bridge": projects[0] if hops == 2 else None, "n_projects": k,
             "evidence_depth": [round(s.start / len(contexts[s.agent]), 3) for s in evidence]}
-    return Episode(f"facts-{idx:04d}", "facts", "fanin", question, answers, tuple(contexts), evidence, meta)
+    return Episode(f"facts-{idx:04d}", "facts", topology, question, answers, tuple(contexts), evidence, meta)
+
+
+def episodes(seed: int, n: int, tokens: int, senders: int, hops: int | None = None,
+             topology: str = "fanin") -> list[Episode]:
+    """`n` episodes of `senders` contexts of ~`tokens` tokens each (any size, any number of senders), cycling
+    over the question types (of `hops` hops only, if given): for scaling sweeps and chains. Pure in `seed`."""
+    qtypes = [q for q in QTYPES if hops is None or q[1] == hops]
+    rng = random.Random(seed)
+    return [_episode(rng, i, qtypes[i % len(qtypes)], tokens, senders, topology) for i in range(n)]
 
 
 def generate(seed: int, n: int = 120) -> list[Episode]:
