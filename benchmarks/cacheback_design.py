@@ -57,8 +57,8 @@ def main() -> None:
     print("\n".join(lines))
     OUT.mkdir(parents=True, exist_ok=True)
     stem = OUT / f"cacheback_design_{args.model}"
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    stem.with_suffix(".json").write_text(json.dumps({"command": cmd, "recall": {" | ".join(k): statistics.mean(v)
+    stem.with_name(stem.name + ".md").write_text("\n".join(lines) + "\n")
+    stem.with_name(stem.name + ".json").write_text(json.dumps({"command": cmd, "recall": {" | ".join(k): statistics.mean(v)
                                                                                for k, v in recall.items()}},
                                                     indent=2) + "\n")
 

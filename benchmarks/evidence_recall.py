@@ -20,7 +20,7 @@ from pathlib import Path
 from latentwire.agent import Agent
 from latentwire.bench.episode import span_token_positions
 from latentwire.errors import PressUnsupportedError
-from latentwire.bench.runner import load_task_episodes, parse_filters, select_episodes
+from latentwire.bench.runner import environment, load_task_episodes, parse_filters, select_episodes
 from latentwire.protocols.cacheback import CacheBack, document_rows, kept_document_spans
 from latentwire.select import always_kept, fanin_budget, get_selector, select_rows
 
@@ -117,12 +117,13 @@ def main() -> None:
     print("\n".join(lines))
     OUT.mkdir(parents=True, exist_ok=True)
     stem = OUT / f"evidence_recall_{args.task}{tag}_{args.model}"
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    stem.with_suffix(".json").write_text(json.dumps({"command": cmd, "recall": {n: {str(r): v for r, v in t.items()}
+    stem.with_name(stem.name + ".md").write_text("\n".join(lines) + "\n")
+    stem.with_name(stem.name + ".json").write_text(json.dumps({"command": cmd, "recall": {n: {str(r): v for r, v in t.items()}
                                                                              for n, t in table.items()},
                                                       "recall_at_8x_by_hops": {str(h): v for h, v in by_hops.items()},
                                                       "select_share": share, "select_share_of_prefill": share_prefill,
-                                                      "episodes": [ep.id for ep in episodes]}, indent=2) + "\n")
+                                                      "episodes": [ep.id for ep in episodes],
+                                                      "environment": environment()}, indent=2) + "\n")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -137,7 +138,7 @@ def main() -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(stem.with_suffix(".png"), dpi=120)
+    fig.savefig(stem.with_name(stem.name + ".png"), dpi=120)
     print(f"wrote {stem}.md")
 
 

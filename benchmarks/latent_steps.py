@@ -40,13 +40,13 @@ def main() -> None:
     cmd = f"python benchmarks/latent_steps.py --model {args.model} --steps {args.steps}"
     OUT.mkdir(parents=True, exist_ok=True)
     stem = OUT / f"latent_steps_{args.model}"
-    stem.with_suffix(".json").write_text(json.dumps({"command": cmd, "rows": rows}, indent=2) + "\n")
+    stem.with_name(stem.name + ".json").write_text(json.dumps({"command": cmd, "rows": rows}, indent=2) + "\n")
     lines = [f"# Full-KV accuracy vs latent steps ({args.model}, 3 senders, {len(EPISODES)} demo episodes)", "",
              f"Command: `{cmd}`", "", "| mode | G | accuracy | median TTEOA s | message MB |", "|---|---:|---:|---:|---:|"]
     lines += [f"| {r['mode']} | {r['G']} | {r['accuracy']:.2f} | {r['tteoa_s']} | {r['message_MB']} |" for r in rows]
     lines += ["", "Answers per cell are in the JSON file next to this one. Three episodes: a smoke-scale",
               "measurement, not a benchmark result (issue 3 brings the task suite)."]
-    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    stem.with_name(stem.name + ".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {stem}.md")
 
 

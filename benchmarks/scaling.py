@@ -112,9 +112,9 @@ def main() -> None:
     print(text)
     OUT.mkdir(parents=True, exist_ok=True)
     stem = OUT / f"scaling_{args.model}"
-    stem.with_suffix(".md").write_text(text)
-    stem.with_suffix(".json").write_text(json.dumps({"command": cmd, "sweeps": sweeps, "fits": fits}, indent=2) + "\n")
-    plot(sweeps, stem.with_suffix(".png"), args.model)
+    stem.with_name(stem.name + ".md").write_text(text)
+    stem.with_name(stem.name + ".json").write_text(json.dumps({"command": cmd, "sweeps": sweeps, "fits": fits}, indent=2) + "\n")
+    plot(sweeps, stem.with_name(stem.name + ".png"), args.model)
     print(f"wrote {stem}.md")
 
 

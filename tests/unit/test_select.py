@@ -61,7 +61,7 @@ def test_budget_is_exact(T, ratio):
     B = fanin_budget(T, ratio)
     rows = select_rows(scores, B, keep)
     assert B == math.ceil(T / ratio)
-    assert len(rows) <= B + int(keep.sum())  # never more than B beyond the always-kept rows
+    assert len(rows) == min(B, T - int(keep.sum())) + int(keep.sum())  # exactly B beyond the always-kept rows
     assert set(torch.nonzero(keep).flatten().tolist()) <= set(rows.tolist())
     assert torch.equal(rows, torch.sort(torch.unique(rows)).values)
     assert torch.equal(rows, select_rows(scores.clone(), B, keep.clone()))  # deterministic
@@ -73,7 +73,21 @@ def test_spans_are_ranked_by_mean_and_added_whole():
     keep = torch.zeros(49, dtype=torch.bool)
     keep[0] = True
     assert select_rows(scores, 16, keep).tolist() == [0] + list(range(17, 33))
-    assert select_rows(scores, 15, keep).tolist() == [0]  # a span that does not fit is not split
+    # 20 rows: the best span whole, then the leftover 4 from the next-best span (rows 1..16, all 0: earliest)
+    assert select_rows(scores, 20, keep).tolist() == [0, 1, 2, 3, 4] + list(range(17, 33))
+
+
+def test_leftover_budget_takes_the_best_window_of_the_next_span():
+    scores = torch.zeros(49)
+    scores[17:33] = 1.0  # span 2 (rows 17..32): mean 1
+    scores[40:43] = 10.0  # inside span 3 (rows 33..48): mean 30/16, the best span
+    keep = torch.zeros(49, dtype=torch.bool)
+    keep[0] = True
+    # a budget below one span still sends the best window of the best span
+    assert select_rows(scores, 3, keep).tolist() == [0, 40, 41, 42]
+    assert select_rows(scores, 15, keep).tolist() == [0] + list(range(33, 48))  # ties: the earliest window
+    # span 3 whole, then 4 rows of span 2 (all equal: its earliest window)
+    assert select_rows(scores, 20, keep).tolist() == [0, 17, 18, 19, 20] + list(range(33, 49))
 
 
 def test_chain_budgets():

@@ -62,7 +62,10 @@ def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int
     The eligible rows that are not always kept (by default all of them; a protocol passes the rows of
     the sender's document, so template tokens never spend budget) are cut, in order, into spans of
     `span` rows; spans are ranked by mean score (ties: the earlier span first) and added whole while
-    they fit, so at most `budget` rows join the kept ones. Deterministic.
+    they fit; the budget left over is then filled from the best span not taken, with its contiguous
+    window of that width of highest mean score (ties: the earliest). So exactly min(budget, candidates)
+    rows join the kept ones, and a budget below one span (T = 1,000 at 128×: B = 8) still sends the best
+    8 rows instead of nothing. Deterministic.
     """
     if scores.shape != keep.shape or (eligible is not None and eligible.shape != keep.shape):
         raise ValueError(f"{tuple(scores.shape)} scores for {tuple(keep.shape)} rows")
@@ -72,11 +75,19 @@ def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int
     spans = [free[i:i + span] for i in range(0, len(free), span)]
     means = [float(scores[s].double().mean()) for s in spans]
     order = sorted(range(len(spans)), key=lambda i: (-means[i], i))
-    chosen, used = [], 0
+    chosen, used, rest = [], 0, []
     for i in order:
         if used + len(spans[i]) <= budget:
             chosen.append(spans[i])
             used += len(spans[i])
+        else:
+            rest.append(i)
+    left = budget - used
+    if left > 0 and rest:  # every span not taken is longer than `left`: cut the best one to fit
+        rows_ = spans[rest[0]]
+        windows = scores[rows_].double().unfold(0, left, 1).mean(dim=1)  # mean score of each window
+        start = int(torch.argmax(windows))  # first maximum: the earliest window on ties
+        chosen.append(rows_[start:start + left])
     rows = torch.cat([torch.nonzero(keep).flatten(), *chosen]) if chosen else torch.nonzero(keep).flatten()
     return torch.sort(rows).values
 
