@@ -90,6 +90,19 @@ def test_text_at_cacheback_size_budgets_each_report_by_its_document(models, toke
         Text(ratio=0.5)
 
 
+def test_fullcontext_reads_every_document_in_one_prompt(agents):
+    from latentwire.protocols.fullcontext import CONTEXT_PROMPT
+
+    *senders, receiver = agents
+    out = get_protocol("fullcontext", max_new_tokens=2).run(senders, DOCS, receiver, QUESTION)
+    joined = "\n\n".join(f"Document {i + 1}:\n{d}" for i, d in enumerate(DOCS))
+    prompt = CONTEXT_PROMPT.format(documents=joined, question=QUESTION)
+    assert receiver.calls[-1].rows_in == len(receiver.chat_ids(prompt))
+    assert out.sender_seconds == () and out.message_bytes == len(joined.encode())
+    assert out.kept_spans == tuple(((0, len(d)),) for d in DOCS)
+    assert all(not s.calls for s in senders if s is not receiver)  # no sender ran
+
+
 def test_alone_sends_nothing(agents):
     out = get_protocol("alone", max_new_tokens=2).run([], [], agents[2], QUESTION)
     assert out.message_bytes == 0 and out.sender_seconds == ()

@@ -1,0 +1,53 @@
+"""CanonicalMerge: order the caches by content, then concatenate as BagMerge does (SPEC §2)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..errors import ConfigError
+from .base import Render, register
+from .fragments import Fragment
+
+
+@register
+@dataclass
+class CanonicalMerge(Render):
+    """Blocks in ascending order of (mean K-norm at `layer`, digest).
+
+    Why the render is independent of arrival order: the sort key of a fragment is a function of its
+    bytes alone (its own keys at one layer, and its digest), never of its position in the input or
+    of the other fragments. Digests are distinct within a render, so the keys are distinct and the
+    sorted order is the same total order for every permutation of the input; the concatenation that
+    follows is a pure function of that order, so every permutation gives the same bytes. Ties in the
+    norm (equal up to the last bit) fall to the digest, never to input order; that is what
+    a stable sort on the norm alone would get wrong.
+
+    The key: the L2 norm of every cached key vector (each head, each row the layer holds: a sliding
+    layer holds only the state's last rows) at `layer`, in float64, averaged with `math.fsum`
+    (correctly rounded, so it does not depend on reduction order or thread count). A layer holding no
+    rows has key 0.0. `layer=None` is the middle layer, num_layers // 2.
+    """
+
+    name = "canonical"
+    layer: int | None = None
+
+    def __post_init__(self):
+        if self.layer is not None and (type(self.layer) is not int or self.layer < 0):
+            raise ConfigError(f"layer must be a non-negative int or None (the middle layer), got {self.layer!r}")
+
+    def layer_for(self, num_layers: int) -> int:
+        layer = num_layers // 2 if self.layer is None else self.layer
+        if layer >= num_layers:
+            raise ConfigError(f"CanonicalMerge(layer={layer}) but the fragments' model has {num_layers} layers "
+                              f"(valid: 0..{num_layers - 1}, or None for the middle one)")
+        return layer
+
+    def key(self, fragment: Fragment) -> float:
+        """Mean K-norm of the fragment at this render's layer."""
+        keys = fragment.state.layers[self.layer_for(fragment.geometry.num_layers)].keys  # (H, T_l, D)
+        norms = keys.detach().double().pow(2).sum(dim=-1).sqrt().flatten().tolist()  # H * T_l floats
+        return math.fsum(norms) / len(norms) if norms else 0.0
+
+    def order(self, fragments: Sequence[Fragment]) -> list[Fragment]:
+        return sorted(fragments, key=lambda f: (self.key(f), f.digest))
