@@ -34,7 +34,7 @@ KV_PROMPT = "Using the information above, answer briefly: {question}"
 
 @dataclass(frozen=True)
 class CallRecord:
-    op: str  # "prefill" | "think" | "answer"
+    op: str  # "prefill" | "think" | "answer" | "stream"
     seconds: float
     rows_in: int  # rows this call ran through the model (prompt tokens, message rows, latent steps)
     tokens_out: int  # tokens generated
@@ -54,6 +54,26 @@ class Answer:
     @property
     def seconds(self) -> float:
         return self.prefill_seconds + self.decode_seconds
+
+
+@dataclass
+class Stream:
+    """An open greedy decode over one prompt: the cache, the next position and the next-token log-probs.
+
+    `Agent.stream(prompt)` opens one; `push(token)` appends a token. Output-level fusion (PackLLM)
+    steps several streams with the same tokens.
+    """
+    agent: "Agent"
+    cache: DynamicCache
+    position: int
+    logprobs: torch.Tensor  # (V,) float32: log-probabilities of the next token
+    prompt_nll: torch.Tensor  # (n - 1,) negative log-likelihood of each prompt token after the first
+
+    @torch.inference_mode()
+    def push(self, token: int) -> None:
+        hidden = self.agent._forward(self.cache, self.position, ids=torch.tensor([token]))[-1]
+        self.position += 1
+        self.logprobs = torch.log_softmax(self.agent.logits(hidden).float(), dim=-1)
 
 
 class Agent:
@@ -240,6 +260,21 @@ class Agent:
         return Answer(self.tokenizer.decode(out, skip_special_tokens=True).strip(), tuple(out), prompt_tokens,
                       n_msg, context, t1 - t0, t2 - t1)
 
+    @torch.inference_mode()
+    def stream(self, prompt: Chat, max_new_tokens: int = 48, chunk: int = 256) -> Stream:
+        """Prefill `prompt` and open a greedy decode, keeping each prompt token's negative log-likelihood
+        (for perplexity). Logits are computed `chunk` rows at a time: (chunk, V) at most in memory."""
+        ids = torch.tensor(self.chat_ids(prompt))
+        self._check_window(prompt=len(ids), max_new_tokens=max_new_tokens)
+        t0 = time.perf_counter()
+        cache = DynamicCache(config=self.model.config)
+        hidden = self._forward(cache, 0, ids=ids)  # (n, d)
+        nll = torch.cat([torch.nn.functional.cross_entropy(self.logits(h).float(), t, reduction="none")
+                         for h, t in zip(hidden[:-1].split(chunk), ids[1:].split(chunk))]) if len(ids) > 1 \
+            else torch.zeros(0)
+        self._record("stream", t0, len(ids), 0, len(ids))
+        return Stream(self, cache, len(ids), torch.log_softmax(self.logits(hidden[-1]).float(), dim=-1), nll)
+
     def _receiver_input(self, question: Chat, message: Message, max_new_tokens: int):
         """What the receiver prefills: (cache, start position, forward inputs, message rows, prompt tokens).
 
@@ -307,7 +342,7 @@ class Agent:
                                    f"{self.geometry.hidden_size}")
 
     @cached_property
-    def _stop_ids(self) -> set[int]:
+    def stop_ids(self) -> set[int]:
         ids = {self.tokenizer.eos_token_id}
         eos = getattr(self.model.generation_config, "eos_token_id", None)
         ids |= set(eos) if isinstance(eos, (list, tuple)) else {eos}
@@ -321,7 +356,7 @@ class Agent:
         out: list[int] = []
         for i in range(max_new_tokens):
             tok = int(self.logits(hidden).argmax())
-            if tok in self._stop_ids:
+            if tok in self.stop_ids:
                 break
             out.append(tok)
             if i + 1 < max_new_tokens:

@@ -140,7 +140,7 @@ def test_answer_accounting(agent, kind):
     assert ans.message_rows == expected_rows
     assert ans.prompt_tokens > 0
     assert ans.text == agent.tokenizer.decode(list(ans.token_ids), skip_special_tokens=True).strip()
-    assert not set(ans.token_ids) & agent._stop_ids
+    assert not set(ans.token_ids) & agent.stop_ids
     assert len(agent.calls) == before + 1
     rec = agent.calls[-1]
     assert (rec.op, rec.rows_in, rec.tokens_out, rec.context) == (
