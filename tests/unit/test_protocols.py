@@ -90,6 +90,17 @@ def test_text_at_cacheback_size_budgets_each_report_by_its_document(models, toke
         Text(ratio=0.5)
 
 
+def test_text_report_kinds(agents):
+    from latentwire.protocols.text import REPORT_PROMPTS
+
+    *senders, receiver = agents
+    Text(report="notes", max_report_tokens=1, max_new_tokens=1).run(senders, DOCS, receiver, QUESTION)
+    want = len(senders[0].chat_ids(REPORT_PROMPTS["notes"].format(document=DOCS[0], question=QUESTION)))
+    assert senders[0].calls[0].rows_in == want
+    with pytest.raises(UnknownNameError, match="quote"):
+        get_protocol("text", report="essay")
+
+
 def test_fullcontext_reads_every_document_in_one_prompt(agents):
     from latentwire.protocols.fullcontext import CONTEXT_PROMPT
 

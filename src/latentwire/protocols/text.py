@@ -14,10 +14,15 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..agent import Agent
+from ..errors import UnknownNameError
 from .base import SENDER_PROMPT, Outcome, Protocol, register
 
-REPORT_PROMPT = ("Read this document.\n\n{document}\n\nQuote the one sentence of the document that best answers: "
-                 "{question}")
+REPORT_PROMPTS = {  # what the sender is asked to write
+    "quote": ("Read this document.\n\n{document}\n\nQuote the one sentence of the document that best answers: "
+              "{question}"),
+    "notes": "Read this document.\n\n{document}\n\nWrite down every fact from it that helps answer: {question}",
+}
+REPORT_PROMPT = REPORT_PROMPTS["quote"]
 
 
 @register
@@ -26,6 +31,7 @@ class Text(Protocol):
     name = "text"
     max_report_tokens: int = 64
     ratio: float | None = None  # report budget ceil(T / ratio): text at CacheBack's message size
+    report: str = "quote"  # "quote" (one sentence: retrieval) or "notes" (every useful fact: reasoning)
 
     def __post_init__(self):
         super().__post_init__()
@@ -33,6 +39,8 @@ class Text(Protocol):
             raise ValueError(f"max_report_tokens must be ≥ 1, got {self.max_report_tokens}")
         if self.ratio is not None and self.ratio < 1:
             raise ValueError(f"ratio must be ≥ 1, got {self.ratio}")
+        if self.report not in REPORT_PROMPTS:
+            raise UnknownNameError("report kind", self.report, REPORT_PROMPTS)
 
     def report_budget(self, sender: Agent, document: str) -> int:
         if self.ratio is None:
@@ -44,7 +52,8 @@ class Text(Protocol):
         for sender, doc in self._pair(senders, documents):
             t0 = time.perf_counter()
             budgets.append(self.report_budget(sender, doc))
-            rep = sender.answer(REPORT_PROMPT.format(document=doc, question=question), max_new_tokens=budgets[-1])
+            rep = sender.answer(REPORT_PROMPTS[self.report].format(document=doc, question=question),
+                                max_new_tokens=budgets[-1])
             seconds.append(time.perf_counter() - t0)
             reports.append(rep.text)
             used.append(len(rep.token_ids))
