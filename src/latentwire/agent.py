@@ -244,7 +244,7 @@ class Agent:
         if state.latents.shape[0]:
             lat = state.latents * (self.mean_embedding_norm / state.latents.norm(dim=-1, keepdim=True).clamp_min(1e-12))
             rows[state.is_latent] = lat.to(rows.dtype)
-        return Rows(rows.detach(), state.token_ids.clone())
+        return Rows(rows.detach(), state.token_ids.clone(), (state.geometry.model, state.geometry.tokenizer))
 
     @torch.inference_mode()
     def answer(self, question: Chat, message: Message = None, max_new_tokens: int = 48) -> Answer:
@@ -337,6 +337,7 @@ class Agent:
         return tok(before, add_special_tokens=False)["input_ids"], tok(after, add_special_tokens=False)["input_ids"]
 
     def _check_rows(self, rows: Rows) -> None:
+        rows.check_space(self.geometry.model, self.geometry.tokenizer)
         if rows.embeds.shape[1] != self.geometry.hidden_size:
             raise StateFormatError(f"rows have width {rows.embeds.shape[1]}, this model's hidden size is "
                                    f"{self.geometry.hidden_size}")

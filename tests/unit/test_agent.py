@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from latentwire.agent import Agent, Answer
+from latentwire.agent import SLOT, Agent, Answer
 from latentwire.errors import ContextOverflowError, GeometryMismatchError, StateFormatError, UnknownNameError
 from latentwire.message import Rows
 from latentwire.models import tiny_model
@@ -250,6 +250,28 @@ def test_rows_of_wrong_width_refused(agent, no_forward):
     with pytest.raises(StateFormatError, match="width"):
         agent.answer("q", message=Rows(torch.zeros(3, width), torch.tensor([1, 2, -1])))
     assert agent.calls == [] and forwards == []
+
+
+def test_rows_of_another_model_refused_before_compute(agent, no_forward):
+    forwards = no_forward(agent)
+    g = agent.geometry
+    rows = Rows(torch.zeros(3, g.hidden_size), torch.tensor([1, 2, -1]), ("another-model", g.tokenizer))
+    with pytest.raises(GeometryMismatchError, match="another-model"):
+        agent.answer("q", message=rows)
+    with pytest.raises(GeometryMismatchError, match="another-model"):
+        agent.prefill("a " + SLOT + " b", rows=rows)
+    assert agent.calls == [] and forwards == []
+
+
+def test_rows_carry_their_space_and_concatenate_only_within_it(agent):
+    rows = agent.rows(agent.prefill("hello"))
+    assert rows.space == (agent.geometry.model, agent.geometry.tokenizer)
+    both = Rows.cat([rows, rows])
+    assert len(both) == 2 * len(rows) and both.space == rows.space
+    stranger = Rows(rows.embeds, rows.token_ids, ("another-model", "x"))
+    with pytest.raises(GeometryMismatchError):
+        Rows.cat([rows, stranger])
+    assert Rows.cat([rows, Rows(rows.embeds, rows.token_ids)]).space == rows.space  # unlabelled rows join
 
 
 def test_rows_shape_checked():

@@ -85,7 +85,7 @@ class CacheBack(Protocol):
             seconds.append(t2 - t0)
             timing.append({"read_s": t1 - t0, "select_s": t2 - t1, "rows": len(state), "sent": len(rows)})
             kept.append(kept_document_spans(per_row, rows))
-        message = Rows(torch.cat([p.embeds for p in parts]), torch.cat([p.token_ids for p in parts]))
+        message = Rows.cat(parts)
         nbytes = message.nbytes if self.encoding == "rows" else message.token_id_nbytes
         reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
         return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds,
