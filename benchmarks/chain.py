@@ -11,14 +11,13 @@ whether early evidence survives later hops. Writes docs/results/chain<hops>_<mod
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 from pathlib import Path
 
 from latentwire.agent import Agent
 from latentwire.bench.episode import write_episodes
-from latentwire.bench.report import write_report
+from latentwire.bench.report import read_run, write_report
 from latentwire.bench.runner import RunConfig, run
 from latentwire.bench.tasks.facts import episodes as facts_episodes
 
@@ -39,13 +38,14 @@ def main() -> None:
     runs = ROOT / "runs" / name
     runs.mkdir(parents=True, exist_ok=True)
     path = runs / "episodes.jsonl"
-    write_episodes(path, facts_episodes(seed=4, n=args.n, tokens=args.tokens, senders=args.hops, topology="chain"))
+    episodes = facts_episodes(seed=4, n=args.n, tokens=args.tokens, senders=args.hops, topology="chain")
+    write_episodes(path, episodes)
     agent = Agent.from_pretrained(args.model)
     run(RunConfig(str(path), ",".join(PROTOCOLS), agent.model_name), runs, agent=agent)
     report = write_report(runs)
-    records = [json.loads(line) for line in (runs / "records.jsonl").read_text().splitlines()]
-    eps = {json.loads(line)["id"]: json.loads(line) for line in path.read_text().splitlines()}
-    labels = list(json.loads((runs / "config.json").read_text())["config"]["protocols"])
+    config, records = read_run(runs)
+    eps = {ep.id: ep for ep in episodes}
+    labels = list(config["config"]["protocols"])
     cmd = f"python benchmarks/chain.py --model {args.model} --n {args.n} --hops {args.hops} --tokens {args.tokens}"
     lines = [f"# {args.hops}-hop chain ({args.model}, {args.n} generated facts episodes, ~{args.tokens} tokens per hop)",
              "", f"Command: `{cmd}`", "", "## Rows sent per hop (mean) and budget",
@@ -64,7 +64,7 @@ def main() -> None:
         by_hop = {h: [] for h in range(args.hops)}
         for r in records:
             if r["protocol"] == label and r["evidence_recall"] is not None:
-                by_hop[min(s["agent"] for s in eps[r["episode"]]["evidence"])].append(r["evidence_recall"])
+                by_hop[min(s.agent for s in eps[r["episode"]].evidence)].append(r["evidence_recall"])
         lines.append(f"| `{label}` | " + " | ".join(f"{statistics.mean(v):.2f} (n={len(v)})" if v else "—"
                                                     for v in by_hop.values()) + " |")
     out = ROOT / "docs" / "results" / name

@@ -6,8 +6,7 @@
 Two replicas each hold `--fragments` fragments: round(fragments × overlap) shared, the rest their own
 (1,000 at 0.8: 800 shared + 200 own each, 1,200 distinct in all). Fragments are synthetic KVStates of
 `--rows` rows with the real geometry of a bundled model (random keys/values/token ids, fixed seed). The
-geometry is read from the model's config, tokenizer and rotary module without loading its weights when
-the model's cache is built (else the model is loaded). Measures:
+geometry is the loaded model's own. Measures:
 
 - build: generating the tensors, hashing each state into a Fragment (canonical bytes + SHA-256) and
   building each replica's FragmentSet (replica B receives its fragments in another order);
@@ -35,36 +34,17 @@ import torch
 
 from latentwire.bench.runner import environment
 from latentwire.merge import CanonicalMerge, Fragment, FragmentSet
-from latentwire.models import get_zoo_model, load, tokenizer_fingerprint
+from latentwire.agent import Agent
 from latentwire.state import Geometry, KVState, LayerKV
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "results"
 DIGEST_BYTES = 32
 
 
-def model_geometry(name: str) -> tuple[Geometry, int, str]:
-    """(geometry, vocabulary size, how it was obtained) of a bundled model, without its weights if possible.
-
-    The model is instantiated from its config with empty (meta) parameters: the rotary buffers, which is
-    all `Geometry.from_model` reads besides the config, are computed on CPU as in a real load.
-    """
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    entry = get_zoo_model(name)
-    try:
-        from accelerate import init_empty_weights
-    except ImportError:
-        init_empty_weights = None
-    if entry.cached and init_empty_weights is not None:
-        config = AutoConfig.from_pretrained(entry.cache_dir, local_files_only=True)
-        with init_empty_weights(include_buffers=False):
-            model = AutoModelForCausalLM.from_config(config)
-        tokenizer = AutoTokenizer.from_pretrained(entry.cache_dir, local_files_only=True)
-        how = "config + rotary buffers (no weights loaded)"
-    else:
-        model, tokenizer, _ = load(name)
-        how = "loaded model"
-    return Geometry.from_model(model, entry.name, tokenizer_fingerprint(tokenizer)), len(tokenizer), how
+def model_geometry(name: str) -> tuple[Geometry, int]:
+    """(geometry, vocabulary size) of a bundled model, as an Agent of it would report them."""
+    agent = Agent.from_pretrained(name)
+    return agent.geometry, len(agent.tokenizer)
 
 
 def synthetic_state(g: Geometry, rows: int, vocab: int, gen: torch.Generator) -> KVState:
@@ -109,8 +89,8 @@ def main() -> None:
     shared = round(args.fragments * args.overlap)
     own = args.fragments - shared
 
-    g, vocab, how = model_geometry(args.model)
-    print(f"{args.model}: {g.num_layers} layers × {g.num_kv_heads} KV heads × head_dim {g.head_dim} ({how})", flush=True)
+    g, vocab = model_geometry(args.model)
+    print(f"{args.model}: {g.num_layers} layers × {g.num_kv_heads} KV heads × head_dim {g.head_dim}", flush=True)
 
     gen = torch.Generator().manual_seed(args.seed)
     states, gen_s = clock(lambda: [synthetic_state(g, args.rows, vocab, gen) for _ in range(shared + 2 * own)])
@@ -178,7 +158,7 @@ def main() -> None:
              "", f"Command: `{cmd}`", "",
              f"Replica A and B: {shared:,} shared + {own:,} own fragments each, {len(union):,} distinct; one fragment "
              f"= {frag_bytes / 1024:.1f} KiB of canonical bytes (synthetic float32 state: {g.num_layers} layers × "
-             f"{g.num_kv_heads} KV heads × head_dim {g.head_dim}; geometry from {how}).", "",
+             f"{g.num_kv_heads} KV heads × head_dim {g.head_dim}, the loaded model's geometry).", "",
              "| step | time (s) | bytes |", "|---|---:|---:|",
              f"| generate tensors ({len(states):,} states) | {gen_s:.3f} | |",
              f"| hash into fragments (A + B, {2 * args.fragments:,}) | {hash_a + hash_b:.3f} | |",
@@ -209,7 +189,7 @@ def main() -> None:
     stem = OUT / "crdt_sync"
     stem.with_name(stem.name + ".md").write_text(text)
     stem.with_name(stem.name + ".json").write_text(json.dumps({
-        "command": cmd, "model": args.model, "geometry_source": how, "fragments": args.fragments, "shared": shared,
+        "command": cmd, "model": args.model, "fragments": args.fragments, "shared": shared,
         "own": own, "distinct": len(union), "rows": args.rows, "fragment_bytes": frag_bytes,
         "seconds": {"generate": gen_s, "hash": [hash_a, hash_b], "build_set": [set_a, set_b], "merge": merge_times},
         "anti_entropy": {"phases": phases, **sync, "converged": converged},

@@ -27,7 +27,7 @@ from latentwire.agent import Agent
 from latentwire.bench.runner import environment
 from latentwire.bench.tasks.facts import episodes as facts_episodes
 from latentwire.merge import BagMerge, CanonicalMerge, Fragment
-from latentwire.protocols.base import SENDER_PROMPT
+from latentwire.protocols.base import SENDER_PROMPT, timed
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "results"
 TARGET = 1.1  # CanonicalMerge render time ÷ BagMerge render time, at N = 5
@@ -41,12 +41,6 @@ def thinkers(agent: Agent, documents: list[str], steps: int) -> tuple[list[Fragm
         fragments.append(Fragment.of(agent.think(agent.prefill(SENDER_PROMPT.format(document=doc)), steps)))
         seconds.append(time.perf_counter() - t0)
     return fragments, seconds
-
-
-def timed(fn, *args):
-    t0 = time.perf_counter()
-    out = fn(*args)
-    return out, time.perf_counter() - t0
 
 
 def orders(fragments: list[Fragment]) -> dict:

@@ -17,6 +17,7 @@ import statistics
 from pathlib import Path
 
 from latentwire.agent import Agent
+from latentwire.bench.report import read_run
 from latentwire.bench.runner import RunConfig, parse_protocols, run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +45,7 @@ def main() -> None:
     agent = Agent.from_pretrained(args.model)
     run(RunConfig("reasoning", ",".join(protocols), agent.model_name, args.n, args.seed, {"thinkers": 2}), runs,
         agent=agent)
-    records = [json.loads(line) for line in (runs / "records.jsonl").read_text().splitlines()]
+    _, records = read_run(runs)
 
     def acc(p: str) -> float:
         rs = [r["accuracy"] for r in records if r["protocol"] == labels[p]]

@@ -20,6 +20,7 @@ import numpy as np
 
 from latentwire.agent import Agent
 from latentwire.bench.episode import write_episodes
+from latentwire.bench.report import read_run
 from latentwire.bench.runner import RunConfig, parse_protocols, run
 from latentwire.bench.tasks.facts import episodes as facts_episodes
 
@@ -35,19 +36,19 @@ def sweep_point(agent: Agent, runs: Path, name: str, senders: int, tokens: int, 
     folder = runs / name
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "episodes.jsonl"
-    write_episodes(path, facts_episodes(seed=senders * 100_000 + tokens, n=n, tokens=tokens, senders=senders, hops=1))
+    episodes = facts_episodes(seed=senders * 100_000 + tokens, n=n, tokens=tokens, senders=senders, hops=1)
+    write_episodes(path, episodes)
     run(RunConfig(str(path), ",".join(PROTOCOLS.values()), agent.model_name), folder, progress=False, agent=agent)
-    records = [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
-    out = {"senders": senders, "tokens": tokens, "sender_tokens": 0, "protocols": {}}
+    _, records = read_run(folder)
+    sender_tokens = statistics.median(sum(len(agent.tokenizer(c)["input_ids"]) for c in ep.contexts)
+                                      for ep in episodes)
+    out = {"senders": senders, "tokens": tokens, "sender_tokens": sender_tokens, "protocols": {}}
     for label in PROTOCOLS:
         mine = [r for r in records if r["protocol"] == LABELS[label]]
         ok = [r for r in mine if r["error"] is None]
         out["protocols"][label] = {m: statistics.median(r[m] for r in ok) if ok else None for m in METRICS}
         out["protocols"][label]["errors"] = [r["error"] for r in mine if r["error"]]
         out["protocols"][label]["accuracy"] = statistics.mean(r["accuracy"] for r in mine) if mine else None
-    eps = [json.loads(line) for line in path.read_text().splitlines()]
-    out["sender_tokens"] = statistics.median(sum(len(agent.tokenizer(c)["input_ids"]) for c in e["contexts"])
-                                             for e in eps)
     return out
 
 

@@ -317,7 +317,7 @@ class KVState:
                         f"layers.{i}.positions": layer.positions.clone()}
         tensors = {k: v.detach().cpu() for k, v in tensors.items()}
         header = {"format": FORMAT, "version": VERSION, "geometry": self.geometry.to_json()}
-        return safetensors.torch.save(tensors, metadata={"latentwire": _canonical_json(header)})
+        return safetensors.torch.save(tensors, metadata={"latentwire": canonical_json(header)})
 
     def digest(self) -> str:
         """SHA-256 of the canonical bytes: the state's content address."""
@@ -341,10 +341,7 @@ class KVState:
             raise StateFormatError("metadata.latentwire: missing or not JSON") from e
         if not isinstance(header, dict):
             raise StateFormatError(f"metadata.latentwire: want a JSON object, got {type(header).__name__}")
-        if header.get("format") != FORMAT:
-            raise StateFormatError(f"header.format: want {FORMAT!r}, got {header.get('format')!r}")
-        if type(header.get("version")) is not int or header["version"] != VERSION:
-            raise StateFormatError(f"header.version: unsupported {header.get('version')!r} (this build: {VERSION})")
+        check_format(header, FORMAT, VERSION)
         geometry = Geometry.from_json(header.get("geometry"))
         names = {"positions", "token_ids", "latents"} | {
             f"layers.{i}.{k}" for i in range(geometry.num_layers) for k in ("keys", "values", "positions")}
@@ -361,5 +358,13 @@ def _check(ok: bool, msg: str) -> None:
         raise StateFormatError(msg)
 
 
-def _canonical_json(obj) -> str:
+def check_format(header: dict, fmt: str, version: int) -> None:
+    """StateFormatError unless a decoded header names this format and version."""
+    if header.get("format") != fmt:
+        raise StateFormatError(f"header.format: want {fmt!r}, got {header.get('format')!r}")
+    if type(header.get("version")) is not int or header["version"] != version:
+        raise StateFormatError(f"header.version: unsupported {header.get('version')!r} (this build: {version})")
+
+
+def canonical_json(obj) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
 from ..errors import GeometryMismatchError, StateFormatError
-from ..state import Geometry, KVState
+from ..state import Geometry, KVState, canonical_json, check_format
 
 FORMAT = "latentwire.fragmentset"
 VERSION = 1
@@ -183,7 +183,7 @@ class FragmentSet:
         parts = [f.state.to_bytes() for f in self._items.values()]
         header = {"format": FORMAT, "version": VERSION, "digests": list(self._items),
                   "sizes": [len(p) for p in parts]}
-        head = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+        head = canonical_json(header).encode()
         return len(head).to_bytes(8, "little") + head + b"".join(parts)
 
     @classmethod
@@ -203,10 +203,7 @@ class FragmentSet:
             raise StateFormatError(f"header: not JSON ({e})") from e
         if not isinstance(header, dict):
             raise StateFormatError(f"header: want a JSON object, got {type(header).__name__}")
-        if header.get("format") != FORMAT:
-            raise StateFormatError(f"header.format: want {FORMAT!r}, got {header.get('format')!r}")
-        if type(header.get("version")) is not int or header["version"] != VERSION:
-            raise StateFormatError(f"header.version: unsupported {header.get('version')!r} (this build: {VERSION})")
+        check_format(header, FORMAT, VERSION)
         digests, sizes = header.get("digests"), header.get("sizes")
         if not isinstance(digests, list) or not all(isinstance(d, str) and _DIGEST.fullmatch(d) for d in digests):
             raise StateFormatError("header.digests: want a list of 64-character lowercase hex SHA-256 digests")
