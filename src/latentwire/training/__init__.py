@@ -1,0 +1,1 @@
+"""Training translators between frozen models on split-evidence pairs (issue 6)."""

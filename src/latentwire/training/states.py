@@ -1,0 +1,86 @@
+"""The frozen models' states for split-evidence pairs, prefilled once and cached on disk in bf16.
+
+Both models are frozen, so a (model, prompt) pair always gives the same state: the cache keys files by
+SHA-256 of (model, tokenizer fingerprint, prompt) and stops writing once the folder reaches its size
+limit (later states are then computed on the fly). Reads come back in float32.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import torch
+
+from ..agent import Agent
+from ..bench.tasks.pairs import Pair
+from ..models.zoo import cache_root
+from ..protocols.base import QUESTION_SUFFIX, SENDER_PROMPT
+from ..state import KVState
+from ..translate.base import cast
+from ..translate.compose import PairStates, needs
+
+BOTH_PROMPT = "Read these documents.\n\n{first}\n\n{second}"
+
+
+def own_prompt(document: str, question: str) -> str:
+    return SENDER_PROMPT.format(document=document) + QUESTION_SUFFIX.format(question=question)
+
+
+def both_prompt(pair: Pair) -> str:
+    return BOTH_PROMPT.format(first=pair.sharer_doc, second=pair.receiver_doc) + QUESTION_SUFFIX.format(
+        question=pair.question)
+
+
+class StateCache:
+    def __init__(self, folder: str | Path | None = None, limit_mb: float = 4096):
+        self.folder = Path(folder) if folder else cache_root() / "states"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.limit = limit_mb * 2**20
+        self.used = sum(f.stat().st_size for f in self.folder.glob("*.kv"))
+        self.hits = self.misses = 0
+
+    def _path(self, agent: Agent, prompt: str) -> Path:
+        g = agent.geometry
+        key = hashlib.sha256(f"{g.model}\x00{g.tokenizer}\x00{prompt}".encode()).hexdigest()
+        return self.folder / f"{key}.kv"
+
+    def get(self, agent: Agent, prompt: str) -> KVState:
+        path = self._path(agent, prompt)
+        if path.exists():
+            self.hits += 1
+            state = KVState.from_bytes(path.read_bytes())
+            agent.geometry.check_same(state.geometry)
+            return cast(state, torch.float32)
+        self.misses += 1
+        state = agent.prefill(prompt)
+        data = cast(state, torch.bfloat16).to_bytes()
+        if self.used + len(data) <= self.limit:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(data)
+            tmp.replace(path)
+            self.used += len(data)
+        return cast(cast(state, torch.bfloat16), torch.float32)  # same values whether cached or not
+
+
+def pair_states(pair: Pair, sharer: Agent, receiver: Agent, method: str, cache: StateCache | None = None,
+                context_aware: bool = False, stage1: bool = False) -> PairStates:
+    """The states `method` reads for one pair (from the cache when given, else fresh float32 prefills);
+    `stage1` adds the dense method's reconstruction target."""
+    get = cache.get if cache is not None else (lambda agent, prompt: agent.prefill(prompt))
+    fields = needs(method, context_aware)
+    kw = {}
+    if "sharer" in fields:
+        kw["sharer"] = get(sharer, own_prompt(pair.sharer_doc, pair.question))
+    if "receiver" in fields:
+        kw["receiver"] = get(receiver, own_prompt(pair.receiver_doc, pair.question))
+    if "receiver_both" in fields:
+        kw["receiver_both"] = get(receiver, both_prompt(pair))
+    if stage1:
+        kw["receiver_on_sharer"] = get(receiver, own_prompt(pair.sharer_doc, pair.question))
+    if "sharer_both" in fields:
+        from ..translate.token_alignment import align
+
+        kw["sharer_both"] = get(sharer, both_prompt(pair))
+        al = align(receiver, sharer, both_prompt(pair))
+        kw["align"], kw["mask"] = al.index, al.mask
+    return PairStates(**kw)

@@ -1,0 +1,198 @@
+"""Train one translator on split-evidence pairs: both models frozen, AdamW on the translator only.
+
+    cfg = TrainConfig("xkv", "gemma3-270m", "smollm2-135m", steps=300)
+    train(cfg, out="runs/translators/xkv_gemma3-270m_smollm2-135m")
+
+Each step averages the answer loss over `batch` training pairs (dense alignment: the stage-I
+reconstruction loss for its first `stage1_steps` steps, then the answer loss). The pair order is a
+pure function of (seed, step), so a run is deterministic given the seed and resumes exactly: the
+folder holds the translator checkpoint (safetensors + config.json), the optimizer moments
+(optimizer.safetensors) and trainer.json (step, config, loss history). Validation loss every
+`eval_every` steps on pairs that never share a document with training.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import safetensors.torch
+import torch
+
+from ..agent import Agent
+from ..bench.tasks.pairs import PAIR_TASKS, Pair, check_disjoint, pairs
+from ..errors import ConfigError, UnknownNameError
+from ..translate import TRANSLATORS, build, load
+from ..translate.compose import compose
+from .objective import answer_loss
+from .states import StateCache, pair_states
+
+TRAINER = "trainer.json"
+OPTIMIZER = "optimizer.safetensors"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    method: str
+    sharer: str
+    receiver: str
+    tasks: tuple[str, ...] = PAIR_TASKS
+    train_n: int = 160  # pairs per task
+    val_n: int = 12  # pairs per task
+    steps: int = 300
+    batch: int = 4  # pairs per step (gradient accumulation)
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    stage1_steps: int = 0  # dense only: reconstruction steps before the answer loss
+    eval_every: int = 50
+    seed: int = 0
+    params: dict = field(default_factory=dict)  # the translator's config fields
+
+    def __post_init__(self):
+        if self.method not in TRANSLATORS:
+            raise UnknownNameError("translator", self.method, TRANSLATORS)
+        bad = set(self.tasks) - set(PAIR_TASKS)
+        if bad or not self.tasks:
+            raise ConfigError(f"tasks: want a non-empty subset of {PAIR_TASKS}, got {self.tasks}")
+        for name in ("train_n", "val_n", "steps", "batch", "eval_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be ≥ 1, got {getattr(self, name)}")
+        if self.stage1_steps < 0 or (self.stage1_steps and self.method != "dense"):
+            raise ConfigError("stage1_steps (reconstruction pre-training) applies to the dense method only")
+        if not self.lr > 0:
+            raise ConfigError(f"lr must be > 0, got {self.lr}")
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self) | {"tasks": list(self.tasks)}
+
+
+def data(cfg: TrainConfig) -> tuple[list[Pair], list[Pair]]:
+    train = [p for t in cfg.tasks for p in pairs(t, "train", cfg.train_n, cfg.seed)]
+    val = [p for t in cfg.tasks for p in pairs(t, "val", cfg.val_n, cfg.seed)]
+    check_disjoint(train, val, [p for t in cfg.tasks for p in pairs(t, "test", cfg.val_n, cfg.seed)])
+    return train, val
+
+
+def batch_indices(n: int, seed: int, step: int, batch: int) -> list[int]:
+    """Pairs of step `step`: consecutive slices of a per-epoch permutation; pure in (seed, step)."""
+    out = []
+    for j in range(step * batch, (step + 1) * batch):
+        epoch, k = divmod(j, n)
+        perm = list(range(n))
+        random.Random(f"{seed}-{epoch}").shuffle(perm)
+        out.append(perm[k])
+    return out
+
+
+def step_loss(translator, states, pair: Pair, receiver: Agent, stage: int) -> torch.Tensor:
+    if stage == 1:
+        return translator.reconstruction_loss(states.sharer, states.receiver_on_sharer)
+    return answer_loss(receiver, compose(translator, states), pair.question, pair.target)
+
+
+def train(cfg: TrainConfig, out: str | Path, sharer: Agent | None = None, receiver: Agent | None = None,
+          cache: StateCache | None = None, progress: bool = True) -> Path:
+    """Train (or resume) into `out`; returns the folder. Re-running a finished run does nothing."""
+    from tqdm import tqdm
+
+    out = Path(out)
+    log = _resume_log(out, cfg)
+    if log["step"] >= cfg.steps:
+        return out
+    sharer = sharer or Agent.from_pretrained(cfg.sharer)
+    receiver = receiver or (sharer if cfg.receiver == cfg.sharer else Agent.from_pretrained(cfg.receiver))
+    for agent in {id(sharer): sharer, id(receiver): receiver}.values():
+        agent.model.requires_grad_(False)
+    cache = cache or StateCache()
+    train_pairs, val_pairs = data(cfg)
+    if log["step"]:
+        translator = load(out).train()
+    else:
+        translator = build(cfg.method, sharer.geometry, receiver.geometry, seed=cfg.seed, **cfg.params).train()
+    translator.check_pair(sharer.geometry, receiver.geometry)
+    opt = torch.optim.AdamW(translator.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if log["step"]:
+        _load_optimizer(opt, translator, out / OPTIMIZER)
+    log["parameters"] = translator.num_parameters
+
+    def states_of(pair: Pair):
+        return _states(pair, sharer, receiver, cfg.method, cache)
+
+    bar = tqdm(range(log["step"], cfg.steps), initial=log["step"], total=cfg.steps, disable=not progress,
+               desc=f"{cfg.method} {cfg.sharer}->{cfg.receiver}")
+    t0 = time.perf_counter()
+    for step in bar:
+        stage = 1 if step < cfg.stage1_steps else 2
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for i in batch_indices(len(train_pairs), cfg.seed, step, cfg.batch):
+            pair = train_pairs[i]
+            loss = step_loss(translator, states_of(pair), pair, receiver, stage) / cfg.batch
+            loss.backward()
+            total += float(loss.detach())
+        torch.nn.utils.clip_grad_norm_(translator.parameters(), 1.0)
+        opt.step()
+        log["train"].append([step + 1, stage, total])
+        bar.set_postfix(loss=f"{total:.3f}")
+        if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
+            log["val"].append([step + 1, validation_loss(translator, val_pairs, states_of, receiver)])
+            log["step"] = step + 1
+            log["seconds"] = log.get("seconds", 0.0) + time.perf_counter() - t0
+            t0 = time.perf_counter()
+            _save(out, translator, opt, cfg, log)
+    return out
+
+
+@torch.no_grad()
+def validation_loss(translator, val_pairs: list[Pair], states_of, receiver: Agent) -> float:
+    translator.eval()
+    losses = [float(answer_loss(receiver, compose(translator, states_of(p)), p.question, p.target)) for p in val_pairs]
+    translator.train()
+    return sum(losses) / len(losses)
+
+
+def _states(pair: Pair, sharer: Agent, receiver: Agent, method: str, cache: StateCache):
+    return pair_states(pair, sharer, receiver, method, cache, stage1=method == "dense")
+
+
+def _resume_log(out: Path, cfg: TrainConfig) -> dict:
+    path = out / TRAINER
+    if not path.exists():
+        return {"step": 0, "config": cfg.to_json(), "train": [], "val": []}
+    log = json.loads(path.read_text())
+    if log["config"] != cfg.to_json():
+        diff = {k: (log["config"].get(k), v) for k, v in cfg.to_json().items() if log["config"].get(k) != v}
+        raise ConfigError(f"{out} holds a run with another configuration {diff}; use a new folder")
+    return log
+
+
+def _save(out: Path, translator, opt, cfg: TrainConfig, log: dict) -> None:
+    translator.save(out, extra={"training": {"step": log["step"], "config": cfg.to_json()}})
+    tensors, meta = {}, {}
+    names = {id(p): n for n, p in translator.named_parameters()}
+    for group in opt.param_groups:
+        for p in group["params"]:
+            st = opt.state.get(p, {})
+            for k, v in st.items():
+                if torch.is_tensor(v) and v.dim() > 0:
+                    tensors[f"{names[id(p)]}.{k}"] = v.contiguous()
+                else:
+                    meta[f"{names[id(p)]}.{k}"] = float(v)
+    safetensors.torch.save_file(tensors, out / (OPTIMIZER + ".tmp"), metadata={"scalars": json.dumps(meta)})
+    (out / (OPTIMIZER + ".tmp")).replace(out / OPTIMIZER)
+    (out / (TRAINER + ".tmp")).write_text(json.dumps(log, indent=1) + "\n")
+    (out / (TRAINER + ".tmp")).replace(out / TRAINER)
+
+
+def _load_optimizer(opt, translator, path: Path) -> None:
+    with safetensors.safe_open(str(path), "pt") as f:
+        scalars = json.loads(f.metadata()["scalars"])
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    for name, p in translator.named_parameters():
+        st = {k.removeprefix(name + "."): v for k, v in tensors.items() if k.rsplit(".", 1)[0] == name}
+        st |= {k.removeprefix(name + "."): torch.tensor(v) for k, v in scalars.items() if k.rsplit(".", 1)[0] == name}
+        if st:
+            opt.state[p] = st

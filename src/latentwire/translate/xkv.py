@@ -1,0 +1,91 @@
+"""XKV (SPEC §3): dual-cache translation into per-head gated K/V residuals on the receiver's own cache.
+
+    what to pass:  SlotPool(sharer) (L_S, .) --LayerMap--> (L_R, .)  } bottleneck to d, + layer embedding,
+                   SlotPool(receiver)          (L_R, .)              } self-attention -> memory (L_R, d)
+    where to write: every receiver row of every layer (its [K; V] over heads, + a layer embedding) queries
+                   the memory through ONE shared cross-attention decoder; ONE shared zero-initialised
+                   head emits dK, dV per head, scaled by a per-head sigmoid gate and the layer's K/V RMS.
+
+The memory has one token per receiver layer whatever the prompt lengths. Decoder, gates and head are
+shared across receiver layers; rows of all layers go through the decoder as one batch. Key residuals
+live in the un-rotated (content) space and are rotated to each row's position, so at init (head = 0)
+the receiver's state comes back bit-identical.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from ..state import Geometry, KVState
+from .base import Translator, TranslatorConfig, register, with_layers
+from .layers import LayerMap, SlotPool, add_residuals, rms, unrotated
+
+
+@dataclass(frozen=True)
+class XKVConfig(TranslatorConfig):
+    slots: int = 4  # k: pooled slots per layer and head, for each cache
+    dim: int = 256  # d: bottleneck width of the joint memory and the decoder
+    heads: int = 4  # attention heads in the mixer and the decoder
+    mixer_layers: int = 1  # self-attention blocks over the L_R layer tokens
+
+    def __post_init__(self):
+        for name in ("slots", "dim", "heads", "mixer_layers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"xkv: {name} must be ≥ 1, got {getattr(self, name)}")
+        if self.dim % self.heads:
+            raise ValueError(f"xkv: dim {self.dim} is not divisible by heads {self.heads}")
+
+
+@register
+class XKV(Translator):
+    name = "xkv"
+    Config = XKVConfig
+
+    def __init__(self, sharer: Geometry, receiver: Geometry, config: XKVConfig | None = None):
+        super().__init__(sharer, receiver, config)
+        c, L, H, D = self.config, receiver.num_layers, receiver.num_kv_heads, receiver.head_dim
+        self.pool_s, self.pool_r = SlotPool(sharer, c.slots), SlotPool(receiver, c.slots)
+        self.layer_map = LayerMap(L, sharer.num_layers)
+        self.in_s = nn.Linear(self.pool_s.out_dim, c.dim)
+        self.in_r = nn.Linear(self.pool_r.out_dim, c.dim)
+        self.layer_emb = nn.Parameter(torch.randn(L, c.dim) * 0.02)  # (L_R, d)
+        block = nn.TransformerEncoderLayer(c.dim, c.heads, 2 * c.dim, dropout=0.0, batch_first=True, norm_first=True)
+        self.mixer = nn.TransformerEncoder(block, c.mixer_layers, enable_nested_tensor=False)
+        self.query = nn.Linear(H * 2 * D, c.dim)
+        self.decoder = nn.MultiheadAttention(c.dim, c.heads, dropout=0.0, batch_first=True)
+        self.norm = nn.LayerNorm(c.dim)
+        self.head = nn.Linear(c.dim, H * 2 * D)  # shared output head, zero-initialised
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+        self.gate = nn.Linear(c.dim, 2 * H)  # per-head gates for dK and dV
+        nn.init.zeros_(self.gate.weight)
+        nn.init.zeros_(self.gate.bias)
+
+    def memory(self, sharer: KVState, receiver: KVState, kv_r) -> torch.Tensor:
+        """The joint memory (L_R, d): one token per receiver layer."""
+        zs = self.layer_map(self.pool_s(unrotated(sharer)))  # (L_R, H_S k 2D_S)
+        zr = self.pool_r(kv_r)  # (L_R, H_R k 2D_R)
+        tokens = self.in_s(zs) + self.in_r(zr) + self.layer_emb  # (L_R, d)
+        return self.mixer(tokens[None])  # (1, L_R, d)
+
+    def forward(self, sharer: KVState, receiver: KVState, **kw) -> KVState:
+        g = self.receiver
+        H, D = g.num_kv_heads, g.head_dim
+        kv_r = unrotated(receiver)  # per layer (H, T_l, D)
+        memory = self.memory(sharer, receiver, kv_r)
+        rows = [rms(torch.cat([k, v], -1).transpose(0, 1).flatten(1)) for k, v in kv_r]  # (T_l, H 2D)
+        sizes = [r.shape[0] for r in rows]
+        layer_ids = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(sizes))
+        q = self.query(torch.cat(rows)) + self.layer_emb[layer_ids]  # (ΣT_l, d)
+        h, _ = self.decoder(q[None], memory, memory, need_weights=False)
+        h = self.norm(h[0] + q)  # (ΣT_l, d)
+        out = self.head(h).view(-1, H, 2, D)  # (ΣT_l, H, 2, D)
+        gates = torch.sigmoid(self.gate(h)).view(-1, H, 2, 1)  # (ΣT_l, H, 2, 1)
+        deltas = []
+        for (k, v), d in zip(kv_r, (out * gates).split(sizes)):
+            scale_k, scale_v = k.pow(2).mean().sqrt().detach(), v.pow(2).mean().sqrt().detach()
+            d = d.permute(1, 2, 0, 3)  # (H, 2, T_l, D)
+            deltas.append((d[:, 0] * scale_k, d[:, 1] * scale_v))
+        return with_layers(receiver, add_residuals(receiver, kv_r, deltas))

@@ -1,0 +1,159 @@
+"""XKV and LCF-X on tiny models of the three families: zero-init identity, pair checks, checkpoints, training."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from latentwire.agent import Agent
+from latentwire.bench.tasks.pairs import PAIR_TASKS, SPLITS, check_disjoint, pairs
+from latentwire.errors import ConfigError, GeometryMismatchError, StateFormatError, UnknownNameError
+from latentwire.translate import build, load
+from latentwire.translate.compose import PairStates, compose
+from latentwire.training.objective import answer_loss
+from latentwire.training.states import StateCache
+from latentwire.training.trainer import TrainConfig, batch_indices, train
+
+PAIRS = [("gemma3", "llama"), ("llama", "gemma3"), ("qwen2", "gemma3"), ("llama", "qwen2"), ("llama", "llama")]
+RESIDUAL = ("xkv", "lcfx")
+
+
+@pytest.fixture
+def states(agent_for):
+    def get(arch, text):
+        return agent_for(arch).prefill(text)
+    return get
+
+
+def _same(a, b) -> bool:
+    return all(torch.equal(x.keys, y.keys) and torch.equal(x.values, y.values) and torch.equal(x.positions, y.positions)
+               for x, y in zip(a.layers, b.layers, strict=True))
+
+
+@pytest.mark.parametrize("method", RESIDUAL)
+@pytest.mark.parametrize("sharer,receiver", PAIRS)
+def test_untrained_translator_leaves_receiver_bit_identical(method, sharer, receiver, states, agent_for):
+    S, R = states(sharer, "the sharer read this: Ned has 9 coins."), states(receiver, "receiver: Ben has 5 fewer coins.")
+    t = build(method, S.geometry, R.geometry)
+    out = t(S, R)
+    assert _same(out, R) and torch.equal(out.token_ids, R.token_ids)
+    agent = agent_for(receiver)
+    assert agent.answer("How many coins?", message=out, max_new_tokens=6).token_ids == \
+        agent.answer("How many coins?", message=R, max_new_tokens=6).token_ids
+
+
+@pytest.mark.parametrize("method", RESIDUAL)
+def test_trained_weights_change_the_receiver_state(method, states):
+    S, R = states("gemma3", "sharer text"), states("llama", "receiver text")
+    t = build(method, S.geometry, R.geometry)
+    with torch.no_grad():
+        for p in t.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    out = t(S, R)
+    assert not _same(out, R)
+    assert all(torch.equal(x.positions, y.positions) for x, y in zip(out.layers, R.layers))
+
+
+@pytest.mark.parametrize("method", RESIDUAL)
+def test_wrong_pair_is_refused_naming_both(method, states):
+    S, R = states("gemma3", "a"), states("llama", "b")
+    t = build(method, S.geometry, R.geometry)
+    with pytest.raises(GeometryMismatchError, match="gemma3 -> receiver llama.*got sharer qwen2 -> receiver llama"):
+        t(states("qwen2", "a"), R)
+    with pytest.raises(GeometryMismatchError, match="receiver.num_layers|receiver.model"):
+        t(S, states("gemma3", "b"))
+    with pytest.raises(ValueError, match="receiver="):
+        t(S)
+
+
+def test_unknown_translator_lists_the_valid_ones(states):
+    S = states("llama", "a")
+    with pytest.raises(UnknownNameError, match="xkv"):
+        build("nope", S.geometry, S.geometry)
+    with pytest.raises(ValueError, match="divisible"):
+        build("xkv", S.geometry, S.geometry, dim=10, heads=4)
+
+
+@pytest.mark.parametrize("method", RESIDUAL)
+def test_checkpoint_roundtrip_is_exact(method, states, tmp_path):
+    S, R = states("qwen2", "sharer"), states("gemma3", "receiver")
+    t = build(method, S.geometry, R.geometry, seed=3)
+    with torch.no_grad():
+        for p in t.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    t.save(tmp_path)
+    u = load(tmp_path)
+    assert type(u) is type(t) and u.config == t.config
+    assert _same(u(S, R), t.eval()(S, R))
+    (tmp_path / "config.json").write_text(json.dumps({"format": "latentwire.translator", "version": 99}))
+    with pytest.raises(StateFormatError, match="version"):
+        load(tmp_path)
+
+
+def test_answer_loss_has_gradients_through_the_state(states, agent_for):
+    S, R = states("gemma3", "sharer"), states("llama", "receiver")
+    t = build("xkv", S.geometry, R.geometry)
+    loss = answer_loss(agent_for("llama"), compose(t, PairStates(sharer=S, receiver=R)), "Who?", "Eva")
+    loss.backward()
+    assert loss.item() > 0 and t.head.weight.grad.abs().sum() > 0  # the zero-init head gets a gradient
+
+
+def test_pairs_are_split_evidence_and_disjoint():
+    for task in PAIR_TASKS:
+        groups = [pairs(task, s, 30) for s in SPLITS]
+        check_disjoint(*groups)
+        assert pairs(task, "train", 30) == groups[0]  # pure
+        for p in groups[2]:
+            assert p.sharer_doc != p.receiver_doc and p.target
+    fact = pairs("facts", "test", 6)
+    for p in fact:  # the answer is stated in exactly one of the two documents
+        assert (p.target in p.sharer_doc) != (p.target in p.receiver_doc)
+    with pytest.raises(ValueError, match="splits must not share"):
+        check_disjoint(groups[0], groups[0][:1])
+
+
+def test_batch_order_is_a_pure_function_of_seed_and_step():
+    a = [batch_indices(10, 0, s, 4) for s in range(5)]
+    assert a == [batch_indices(10, 0, s, 4) for s in range(5)]
+    assert sorted(sum(a, [])[:10]) == list(range(10))  # one epoch visits every pair once
+    assert a != [batch_indices(10, 1, s, 4) for s in range(5)]
+
+
+def _tiny_run(tmp_path, agent_for, method, steps, folder="run", **kw):
+    cfg = TrainConfig(method, "gemma3", "llama", tasks=("reasoning",), train_n=6, val_n=3, steps=steps, batch=2,
+                      eval_every=4, lr=3e-3, **kw)
+    out = train(cfg, tmp_path / folder, agent_for("gemma3"), agent_for("llama"), StateCache(tmp_path / "cache"),
+                progress=False)
+    return out, json.loads((out / "trainer.json").read_text())
+
+
+@pytest.mark.parametrize("method", RESIDUAL)
+def test_training_lowers_the_training_loss(method, tmp_path, agent_for):
+    _, log = _tiny_run(tmp_path, agent_for, method, 24)
+    first = sum(x[2] for x in log["train"][:4]) / 4
+    last = sum(x[2] for x in log["train"][-4:]) / 4
+    assert last < first - 0.1, (first, last)
+    assert log["val"][-1][1] < log["val"][0][1] + 1e-6 or last < first
+
+
+def test_resume_reproduces_an_uninterrupted_run(tmp_path, agent_for):
+    straight, _ = _tiny_run(tmp_path, agent_for, "xkv", 8, "straight")
+    _tiny_run(tmp_path, agent_for, "xkv", 4, "resumed")
+    # same folder, longer run: a new config would be refused, so resume through the finished log
+    log = json.loads((tmp_path / "resumed" / "trainer.json").read_text())
+    log["config"]["steps"] = 8
+    (tmp_path / "resumed" / "trainer.json").write_text(json.dumps(log))
+    resumed, log2 = _tiny_run(tmp_path, agent_for, "xkv", 8, "resumed")
+    a, b = load(straight).state_dict(), load(resumed).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert log2["step"] == 8 and len(log2["train"]) == 8
+
+
+def test_train_config_is_validated():
+    with pytest.raises(ConfigError, match="stage1_steps"):
+        TrainConfig("xkv", "a", "b", stage1_steps=5)
+    with pytest.raises(UnknownNameError):
+        TrainConfig("nope", "a", "b")
+    with pytest.raises(ConfigError, match="tasks"):
+        TrainConfig("xkv", "a", "b", tasks=("code",))
