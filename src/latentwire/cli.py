@@ -1,4 +1,5 @@
-"""Command line: `latentwire models`, `latentwire demo`, `latentwire bench run|report`, `latentwire inspect`."""
+"""Command line: `latentwire models`, `latentwire demo`, `latentwire bench run|report|pair`, `latentwire inspect`,
+`latentwire train`."""
 from __future__ import annotations
 
 import argparse
@@ -68,6 +69,55 @@ def _bench_report(args) -> int:
     return 0
 
 
+def _bench_pair(args) -> int:
+    from .bench.pair_runner import format_table, read_records, run_pairs, summarize_pairs
+
+    out = args.out or Path("runs") / "pairs" / f"{args.task}_{Path(args.sharer).name}_{Path(args.receiver).name}"
+    out = run_pairs(args.sharer, args.receiver, args.task, args.protocols, args.n, out, seed=args.seed,
+                    split=args.split)
+    print(format_table(summarize_pairs(read_records(out))))
+    print(f"\nrecords in {out / 'records.jsonl'}")
+    return 0
+
+
+def _params(items: list[str]) -> dict:
+    """['dim=128', 'gate=true', 'kind=x'] -> {'dim': 128, 'gate': True, 'kind': 'x'} (JSON values, else strings)."""
+    import json
+
+    from .errors import ConfigError
+
+    params = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq or not key:
+            raise ConfigError(f"bad --param {item!r}; want KEY=VALUE")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    return params
+
+
+def _train(args) -> int:
+    import json
+
+    from .training.trainer import TRAINER, TrainConfig, train
+
+    tasks = tuple(t for t in args.tasks.split(",") if t.strip())
+    cfg = TrainConfig(args.method, args.sharer, args.receiver, tasks=tasks, train_n=args.train_n, val_n=args.val_n,
+                      steps=args.steps, batch=args.batch, lr=args.lr, stage1_steps=args.stage1_steps,
+                      eval_every=args.eval_every, seed=args.seed, params=_params(args.param))
+    out = args.out or Path("runs") / "translators" / f"{args.method}_{Path(args.sharer).name}_{Path(args.receiver).name}"
+    out = train(cfg, out)
+    log = json.loads((Path(out) / TRAINER).read_text())
+    val = f"{log['val'][-1][1]:.4f} at step {log['val'][-1][0]}" if log.get("val") else "(none)"
+    params = f"{log['parameters']:,}" if "parameters" in log else "?"
+    print(f"checkpoint in {out} ({params} trainable parameters); final validation loss {val}")
+    print(f"evaluate with: latentwire bench pair --sharer {args.sharer} --receiver {args.receiver} --task facts "
+          f"--n 20 --protocols \"alone,t2t,fullcontext,translated(checkpoint='{out}')\"")
+    return 0
+
+
 def _inspect(args) -> int:
     from .agent import Agent
     from .bench.inspect import inspect_episode, screenshot
@@ -113,6 +163,35 @@ def main(argv=None) -> int:
     brep = bench.add_parser("report", help="markdown table with bootstrap CIs and PNG plots")
     brep.add_argument("run_dir")
     brep.set_defaults(fn=_bench_report)
+    bpair = bench.add_parser("pair", help="split-evidence pairs across two models: alone, t2t, fullcontext, "
+                                          "translated(checkpoint=...)")
+    bpair.add_argument("--sharer", required=True, help="model holding one document")
+    bpair.add_argument("--receiver", required=True, help="model holding the other document and answering")
+    bpair.add_argument("--task", default="facts", help="pair task: facts or reasoning")
+    bpair.add_argument("--n", type=int, default=20, help="pairs")
+    bpair.add_argument("--protocols", default="alone,t2t,fullcontext",
+                       help="e.g. \"alone,t2t,fullcontext,translated(checkpoint='runs/translators/x')\"")
+    bpair.add_argument("--split", default="test", choices=("train", "val", "test"))
+    bpair.add_argument("--seed", type=int, default=0)
+    bpair.add_argument("--out", default=None, help="run folder (re-run to resume); default runs/pairs/TASK_SHARER_RECEIVER")
+    bpair.set_defaults(fn=_bench_pair)
+    trn = sub.add_parser("train", help="train a translator between two frozen models (resumable)")
+    trn.add_argument("--method", required=True, help="xkv, dense, lcfx or c2c")
+    trn.add_argument("--sharer", required=True)
+    trn.add_argument("--receiver", required=True)
+    trn.add_argument("--tasks", default="facts,reasoning", help="comma-separated pair tasks")
+    trn.add_argument("--steps", type=int, default=300)
+    trn.add_argument("--batch", type=int, default=4, help="pairs per step")
+    trn.add_argument("--lr", type=float, default=1e-3)
+    trn.add_argument("--train-n", type=int, default=160, help="training pairs per task")
+    trn.add_argument("--val-n", type=int, default=12, help="validation pairs per task")
+    trn.add_argument("--stage1-steps", type=int, default=0, help="dense only: reconstruction steps first")
+    trn.add_argument("--eval-every", type=int, default=50)
+    trn.add_argument("--seed", type=int, default=0)
+    trn.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                     help="translator config field, e.g. --param slots=8 (repeatable)")
+    trn.add_argument("--out", default=None, help="checkpoint folder; default runs/translators/METHOD_SHARER_RECEIVER")
+    trn.set_defaults(fn=_train)
     insp = sub.add_parser("inspect", help="one episode as HTML: kept spans per selector, gold evidence underlined")
     insp.add_argument("--task", default="facts")
     insp.add_argument("--episode", required=True)

@@ -14,22 +14,10 @@ import torch
 from ..agent import Agent
 from ..bench.tasks.pairs import Pair
 from ..models.zoo import cache_root
-from ..protocols.base import QUESTION_SUFFIX, SENDER_PROMPT
+from ..protocols.pair import both_prompt, own_prompt
 from ..state import KVState
 from ..translate.base import cast
 from ..translate.compose import PairStates, needs
-
-BOTH_PROMPT = "Read these documents.\n\n{first}\n\n{second}"
-
-
-def own_prompt(document: str, question: str) -> str:
-    return SENDER_PROMPT.format(document=document) + QUESTION_SUFFIX.format(question=question)
-
-
-def both_prompt(pair: Pair) -> str:
-    return BOTH_PROMPT.format(first=pair.sharer_doc, second=pair.receiver_doc) + QUESTION_SUFFIX.format(
-        question=pair.question)
-
 
 class StateCache:
     def __init__(self, folder: str | Path | None = None, limit_mb: float = 4096):
@@ -74,13 +62,14 @@ def pair_states(pair: Pair, sharer: Agent, receiver: Agent, method: str, cache: 
     if "receiver" in fields:
         kw["receiver"] = get(receiver, own_prompt(pair.receiver_doc, pair.question))
     if "receiver_both" in fields:
-        kw["receiver_both"] = get(receiver, both_prompt(pair))
+        kw["receiver_both"] = get(receiver, both_prompt(pair.sharer_doc, pair.receiver_doc, pair.question))
     if stage1:
         kw["receiver_on_sharer"] = get(receiver, own_prompt(pair.sharer_doc, pair.question))
     if "sharer_both" in fields:
         from ..translate.token_alignment import align
 
-        kw["sharer_both"] = get(sharer, both_prompt(pair))
-        al = align(receiver, sharer, both_prompt(pair))
+        both = both_prompt(pair.sharer_doc, pair.receiver_doc, pair.question)
+        kw["sharer_both"] = get(sharer, both)
+        al = align(receiver, sharer, both)
         kw["align"], kw["mask"] = al.index, al.mask
     return PairStates(**kw)

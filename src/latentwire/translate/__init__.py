@@ -1,5 +1,5 @@
 """Translators between different frozen models (SPEC §3-4): XKV, dense alignment, LCF-X, C2C."""
-from . import lcfx, xkv  # noqa: F401  (register)
+from . import c2c, dense_alignment, lcfx, xkv  # noqa: F401  (register)
 from .base import TRANSLATORS, Translator, build, load
 
 __all__ = ["TRANSLATORS", "Translator", "build", "load"]

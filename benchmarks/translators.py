@@ -1,0 +1,197 @@
+"""Heterogeneous translators vs text, per ordered model pair and task (issue 6; SPEC §3-4).
+
+    python benchmarks/train_translators.py            # first: train the grid (resumable)
+    python benchmarks/translators.py [--n 16] [--pairs ...] [--tasks facts,reasoning]
+
+For each ordered pair (sharer:receiver) and split-evidence task, on held-out test pairs: the receiver
+alone (its own half), T2T (the sharer's notes as text), XKV, LCF-X, dense alignment context-unaware
+and context-aware, C2C (both read both documents) and one agent reading both documents (the ceiling).
+Records under runs/translators_eval/<sharer>_<receiver>_<task>/ (resumable). Writes
+docs/results/translators.{md,json} and PNGs (accuracy per pair; every run's loss curves), then
+checks the paper's claims at this scale: XKV > LCF-X > T2T on macro score; the XKV translator
+≥ 10x faster than the LCF-X fuser with ≤ 24% of its parameters; end to end faster than T2T.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+import torch
+
+from latentwire.agent import Agent
+from latentwire.bench.pair_runner import run_pairs
+
+from train_translators import PAIRS, run_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAINED = (("xkv", "xkv", False), ("lcfx", "lcfx", False), ("dense", "dense", False),
+           ("dense (aware)", "dense", True), ("c2c", "c2c", False))
+ROWS = ("alone", "t2t") + tuple(label for label, _, _ in TRAINED) + ("fullcontext",)
+
+
+def protocols(sharer: str, receiver: str) -> dict[str, str]:
+    """Row label -> pair-protocol spec (translated rows only where a trained checkpoint exists)."""
+    out = {"alone": "alone", "t2t": "t2t", "fullcontext": "fullcontext"}
+    for label, method, aware in TRAINED:
+        folder = run_dir(method, sharer, receiver)
+        if (folder / "translator.safetensors").exists():
+            out[label] = f"translated(checkpoint={str(folder)!r}, context_aware={aware})"
+    return out
+
+
+def mean(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.mean(xs) if xs else float("nan")
+
+
+def median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else float("nan")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", default=PAIRS)
+    ap.add_argument("--tasks", default="facts,reasoning")
+    ap.add_argument("--n", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    agents: dict[str, Agent] = {}
+    results = {}  # pair -> task -> row -> metrics
+    for spec in args.pairs.split(","):
+        sharer, receiver = spec.split(":")
+        for name in (sharer, receiver):
+            if name not in agents:
+                agents[name] = Agent.from_pretrained(name)
+        specs = protocols(sharer, receiver)
+        for task in args.tasks.split(","):
+            out = ROOT / "runs" / "translators_eval" / f"{sharer}_{receiver}_{task}"
+            run_pairs(sharer, receiver, task, ",".join(specs.values()), args.n, out,
+                      sharer=agents[sharer], receiver=agents[receiver])
+            records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines() if line]
+            by_label = {}
+            for label, s in specs.items():
+                rs = [r for r in records if r["protocol"] == s]
+                by_label[label] = {
+                    "n": len(rs), "accuracy": mean(r["accuracy"] for r in rs), "em": mean(r["em"] for r in rs),
+                    "f1": mean(r["f1"] for r in rs), "tteoa_s": median(r["tteoa"] for r in rs),
+                    "translator_ms": median(r.get("details", {}).get("translator_ms") for r in rs),
+                    "parameters": next((r["details"]["parameters"] for r in rs
+                                        if r.get("details", {}).get("parameters")), None),
+                    "errors": sum(bool(r.get("error")) for r in rs)}
+            results.setdefault(spec, {})[task] = by_label
+    write(results, args)
+
+
+def write(results: dict, args) -> None:
+    tasks = args.tasks.split(",")
+    cmd = f"python benchmarks/translators.py --n {args.n} --pairs {args.pairs} --tasks {args.tasks}"
+    lines = ["# Heterogeneous translators vs text (issue 6)", "", f"Command: `{cmd}` (after "
+             "`python benchmarks/train_translators.py`)", "",
+             f"{args.n} held-out split-evidence pairs per task (documents never seen in training). Accuracy = the "
+             "gold answer occurs in the reply; EM / F1 as SQuAD. Macro = mean accuracy over tasks. TTEOA: slowest of "
+             "(sharer's work, receiver's own prefill) + translator + answer, median seconds. Translator: forward "
+             "time (median ms) and trainable parameters.", ""]
+    macro = {}
+    for pair, per_task in results.items():
+        lines += [f"## {pair.replace(':', ' → ')}", "",
+                  "| method | " + " | ".join(f"{t} acc" for t in tasks) + " | macro | EM | F1 | TTEOA s | "
+                  "translator ms | params |", "|---|" + "---:|" * (len(tasks) + 6)]
+        for row in ROWS:
+            cells = [per_task[t].get(row) for t in tasks]
+            if not all(cells):
+                continue
+            m = mean(c["accuracy"] for c in cells)
+            macro.setdefault(row, []).append(m)
+            lines.append(f"| {row} | " + " | ".join(f"{c['accuracy']:.2f}" for c in cells) + f" | {m:.2f} | "
+                         f"{mean(c['em'] for c in cells):.2f} | {mean(c['f1'] for c in cells):.2f} | "
+                         f"{mean(c['tteoa_s'] for c in cells):.2f} | "
+                         + (f"{mean(c['translator_ms'] for c in cells):.1f}" if cells[0]["translator_ms"] ==
+                            cells[0]["translator_ms"] else "–")
+                         + f" | {cells[0]['parameters'] or 0:,d} |")
+        lines.append("")
+    lines += ["## Macro accuracy over all pairs and tasks", "", "| method | macro |", "|---|---:|"]
+    lines += [f"| {row} | {mean(v):.3f} |" for row, v in macro.items()]
+    lines += ["", "## The paper's claims at this scale", ""] + claims(results, tasks, macro)
+    lines += ["", "![accuracy](translators.png)", "", "![loss curves](translators_loss.png)"]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    out = ROOT / "docs" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "translators.md").write_text(text)
+    (out / "translators.json").write_text(json.dumps({"command": cmd, "results": results,
+                                                      "macro": {k: mean(v) for k, v in macro.items()}}, indent=1) + "\n")
+    plots(results, tasks, out)
+
+
+def claims(results: dict, tasks: list[str], macro: dict) -> list[str]:
+    m = {k: mean(v) for k, v in macro.items()}
+    out = []
+    if {"xkv", "lcfx", "t2t"} <= set(m):
+        ok = m["xkv"] > m["lcfx"] > m["t2t"]
+        out.append(f"- XKV > LCF-X > T2T on macro accuracy: {m['xkv']:.3f} / {m['lcfx']:.3f} / {m['t2t']:.3f} → "
+                   f"{'holds' if ok else 'does NOT hold'} here.")
+    speed, share, e2e = [], [], []
+    for pair, per_task in results.items():
+        cells = [per_task[t] for t in tasks]
+        if all("xkv" in c and "lcfx" in c for c in cells):
+            x, lc = mean(c["xkv"]["translator_ms"] for c in cells), mean(c["lcfx"]["translator_ms"] for c in cells)
+            speed.append((pair, lc / x))
+            share.append((pair, cells[0]["xkv"]["parameters"] / cells[0]["lcfx"]["parameters"]))
+        if all("xkv" in c and "t2t" in c for c in cells):
+            e2e.append((pair, mean(c["t2t"]["tteoa_s"] for c in cells) / mean(c["xkv"]["tteoa_s"] for c in cells)))
+    if speed:
+        out.append("- XKV translator vs the LCF-X fuser, forward time (LCF-X ÷ XKV; target ≥ 10×): "
+                   + ", ".join(f"{p} {v:.1f}×" for p, v in speed))
+        out.append("- XKV parameters as a share of LCF-X's (target ≤ 24%): "
+                   + ", ".join(f"{p} {100 * v:.0f}%" for p, v in share))
+    if e2e:
+        out.append("- End to end, T2T TTEOA ÷ XKV TTEOA (the paper: 6.8×): " + ", ".join(f"{p} {v:.1f}×" for p, v in e2e))
+    if {"dense", "dense (aware)"} <= set(m):
+        out.append(f"- Dense alignment, context-unaware {m['dense']:.3f} vs context-aware {m['dense (aware)']:.3f} "
+                   f"(receiver alone {m.get('alone', float('nan')):.3f}, one agent reading both "
+                   f"{m.get('fullcontext', float('nan')):.3f}).")
+    return out
+
+
+def plots(results: dict, tasks: list[str], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pairs = list(results)
+    fig, axes = plt.subplots(1, len(pairs), figsize=(4.2 * len(pairs), 3.6), sharey=True, squeeze=False)
+    for ax, pair in zip(axes[0], pairs):
+        rows = [r for r in ROWS if all(r in results[pair][t] for t in tasks)]
+        for k, t in enumerate(tasks):
+            ax.bar([i + 0.4 * (k - 0.5) for i in range(len(rows))], [results[pair][t][r]["accuracy"] for r in rows],
+                   width=0.4, label=t)
+        ax.set_xticks(range(len(rows)), rows, rotation=60, fontsize=7)
+        ax.set(title=pair.replace(":", " → "), ylim=(0, 1))
+    axes[0][0].set_ylabel("accuracy")
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "translators.png", dpi=110)
+    plt.close(fig)
+    logs = sorted((ROOT / "runs" / "translators").glob("*/trainer.json"))
+    if logs:
+        fig, axes = plt.subplots(1, 4, figsize=(16, 3.4), squeeze=False)
+        for log_path in logs:
+            log = json.loads(log_path.read_text())
+            c = log["config"]
+            ax = axes[0][["xkv", "lcfx", "dense", "c2c"].index(c["method"])]
+            ax.plot([s for s, _ in log["val"]], [v for _, v in log["val"]], "o-", label=f"{c['sharer']}→{c['receiver']}")
+            ax.set(title=f"{c['method']}: validation answer loss", xlabel="step")
+        for ax in axes[0]:
+            ax.legend(fontsize=6)
+        fig.tight_layout()
+        fig.savefig(out / "translators_loss.png", dpi=110)
+        plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
