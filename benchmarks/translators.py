@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 
 from latentwire.agent import Agent
-from latentwire.bench.pair_runner import run_pairs
+from latentwire.bench.pair_runner import read_records, run_pairs
+from latentwire.bench.runner import parse_protocols
 
 from train_translators import PAIRS, run_dir
 
@@ -71,10 +72,11 @@ def main() -> None:
             out = ROOT / "runs" / "translators_eval" / f"{sharer}_{receiver}_{task}"
             run_pairs(sharer, receiver, task, ",".join(specs.values()), args.n, out,
                       sharer=agents[sharer], receiver=agents[receiver])
-            records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines() if line]
+            records = read_records(out)
             by_label = {}
             for label, s in specs.items():
-                rs = [r for r in records if r["protocol"] == s]
+                key = next(iter(parse_protocols(s)))  # the runner's normalised label of this spec
+                rs = [r for r in records if r["protocol"] == key]
                 by_label[label] = {
                     "n": len(rs), "accuracy": mean(r["accuracy"] for r in rs), "em": mean(r["em"] for r in rs),
                     "f1": mean(r["f1"] for r in rs), "tteoa_s": median(r["tteoa"] for r in rs),

@@ -1,0 +1,38 @@
+"""Translators on the real SmolLM2 (same-model pair): zero-init identity end to end, and a working dense path."""
+from __future__ import annotations
+
+import pytest
+
+from latentwire.bench.tasks.pairs import pairs
+from latentwire.protocols.pair import get_pair_protocol
+from latentwire.translate import build
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return pairs("facts", "test", 1)[0]
+
+
+@pytest.mark.parametrize("method", ["xkv", "lcfx"])
+def test_untrained_translator_answers_exactly_like_the_receiver_alone(smollm2, pair, method, tmp_path):
+    g = smollm2.geometry
+    build(method, g, g).save(tmp_path)
+    alone = get_pair_protocol("alone", max_new_tokens=12)
+    translated = get_pair_protocol("translated", checkpoint=str(tmp_path), max_new_tokens=12)
+    args = (smollm2, smollm2, pair.sharer_doc, pair.receiver_doc, pair.question)
+    a, b = alone.run(*args), translated.run(*args)
+    assert a.answer and a.answer == b.answer
+    assert b.details["parameters"] > 0 and b.details["translator_ms"] > 0
+
+
+def test_dense_translation_is_a_cache_the_receiver_reads(smollm2, pair, tmp_path):
+    g = smollm2.geometry
+    build("dense", g, g).save(tmp_path)
+    ctx = {}
+    for aware in (False, True):
+        out = get_pair_protocol("translated", checkpoint=str(tmp_path), context_aware=aware, max_new_tokens=8).run(
+            smollm2, smollm2, pair.sharer_doc, pair.receiver_doc, pair.question)
+        d = out.details
+        ctx[aware] = out.receiver_context
+        assert d["receiver_rows"] > d["sharer_rows"] and out.receiver_context > d["receiver_rows"]  # translated + own
+    assert ctx[True] > ctx[False]  # context-aware: the receiver also read the sharer's document
