@@ -108,7 +108,7 @@ class Geometry:
                        int(d["head_dim"]), tuple(d["layer_types"]),
                        None if d["sliding_window"] is None else int(d["sliding_window"]),
                        tuple(sorted((t, RopeSpec.from_json(s)) for t, s in d["rope"].items())))
-        except (KeyError, TypeError, ValueError, AttributeError, UnsupportedRopeError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError, UnsupportedRopeError) as e:
             raise StateFormatError(f"header.geometry: malformed ({type(e).__name__}: {e})") from e
 
 
@@ -337,7 +337,7 @@ class KVState:
             raise StateFormatError(f"not a safetensors payload ({type(e).__name__}: {e})") from e
         try:
             header = json.loads(meta["latentwire"])
-        except (KeyError, json.JSONDecodeError, TypeError) as e:
+        except (KeyError, TypeError, ValueError, RecursionError) as e:  # incl. over-deep nesting, huge ints
             raise StateFormatError("metadata.latentwire: missing or not JSON") from e
         if not isinstance(header, dict):
             raise StateFormatError(f"metadata.latentwire: want a JSON object, got {type(header).__name__}")

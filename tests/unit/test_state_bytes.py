@@ -195,3 +195,24 @@ def test_bytes_canonical_under_select_and_shift(thought, rows, shift):
     assert thought.select(list(reversed(rows))).shift(shift).digest() == state.digest()
     if len(state):
         assert state.shift(1).digest() != state.digest()
+
+
+@pytest.mark.parametrize("meta", ["[" * 100_000 + "]" * 100_000, "1" * 5_000], ids=["deep-nesting", "huge-int"])
+def test_hostile_headers_are_typed_errors_not_crashes(meta):
+    """Found by the wire fuzzer: RecursionError / ValueError (int digit limit) used to escape."""
+    from latentwire.merge.fragments import FragmentSet
+
+    with pytest.raises(StateFormatError, match="metadata.latentwire"):
+        KVState.from_bytes(safetensors.torch.save({"x": torch.zeros(1)}, metadata={"latentwire": meta}))
+    with pytest.raises(StateFormatError, match="header: not JSON"):
+        FragmentSet.from_bytes(len(meta).to_bytes(8, "little") + meta.encode())
+
+
+def test_out_of_range_rope_frequency_is_a_format_error():
+    from latentwire.state import Geometry
+
+    bad = {"model": "a", "tokenizer": "b", "hidden_size": 2, "num_kv_heads": 1, "head_dim": 2,
+           "layer_types": ["global"], "sliding_window": None,
+           "rope": {"global": {"rope_type": "default", "inv_freq": [10 ** 400], "attention_scaling": 1.0}}}
+    with pytest.raises(StateFormatError, match="header.geometry"):
+        Geometry.from_json(bad)

@@ -157,3 +157,21 @@ def test_train_config_is_validated():
         TrainConfig("nope", "a", "b")
     with pytest.raises(ConfigError, match="tasks"):
         TrainConfig("xkv", "a", "b", tasks=("code",))
+
+
+def test_state_cache_reads_back_what_it_wrote_and_respects_its_limit(tmp_path, agent_for):
+    agent = agent_for("gemma3")
+    cache = StateCache(tmp_path / "a", limit_mb=64)
+    first = cache.get(agent, "Read this.")
+    again = cache.get(agent, "Read this.")
+    assert (cache.hits, cache.misses) == (1, 1) and len(list((tmp_path / "a").glob("*.kv"))) == 1
+    assert _same(first, again) and first.dtype == torch.float32  # bf16 on disk, the same values either way
+    fresh = agent.prefill("Read this.")
+    assert max(float((a.keys - b.keys).abs().max()) for a, b in zip(first.layers, fresh.layers)) < 0.05
+    full = StateCache(tmp_path / "b", limit_mb=0)  # over its limit: computes, never writes
+    full.get(agent, "Read this.")
+    full.get(agent, "Read this.")
+    assert full.misses == 2 and not list((tmp_path / "b").glob("*.kv"))
+    with pytest.raises(GeometryMismatchError):  # a file under another model's key is never trusted
+        (tmp_path / "a" / next((tmp_path / "a").glob("*.kv")).name).rename(cache._path(agent_for("llama"), "x"))
+        cache.get(agent_for("llama"), "x")

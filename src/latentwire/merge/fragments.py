@@ -199,8 +199,8 @@ class FragmentSet:
             raise StateFormatError(f"header length {n} exceeds the {len(data) - 8} bytes that follow")
         try:
             header = json.loads(data[8:8 + n])
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise StateFormatError(f"header: not JSON ({e})") from e
+        except (ValueError, RecursionError) as e:  # bad JSON/UTF-8, over-deep nesting, 4,300+ digit ints
+            raise StateFormatError(f"header: not JSON ({type(e).__name__}: {str(e)[:200]})") from e
         if not isinstance(header, dict):
             raise StateFormatError(f"header: want a JSON object, got {type(header).__name__}")
         check_format(header, FORMAT, VERSION)
