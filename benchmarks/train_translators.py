@@ -1,7 +1,8 @@
 """Train every translator of the issue-6 grid (resumable; finished runs are skipped).
 
     python benchmarks/train_translators.py [--pairs gemma3-270m:smollm2-135m,...] [--methods xkv,lcfx,dense,c2c]
-                                           [--steps 100] [--batch 2] [--threads 1]
+                                           [--steps 100] [--steps-for dense=60,c2c=60]
+                                           [--batch 2] [--threads 1]
 
 Pairs (sharer:receiver) default to the grid of docs/results/translators.md: three ordered pairs covering
 the three families plus one same-model pair. Each run trains on both split-evidence tasks (facts two-hop,
@@ -65,20 +66,22 @@ def main() -> None:
     ap.add_argument("--pairs", default=PAIRS)
     ap.add_argument("--methods", default=METHODS)
     ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--steps-for", default="dense=60,c2c=60", help="per-method answer-loss steps, e.g. c2c=60")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     agents: dict[str, Agent] = {}
     cache = StateCache()
-    for spec in args.pairs.split(","):
-        sharer, receiver = spec.split(":")
-        for name in (sharer, receiver):
-            if name not in agents:
-                agents[name] = Agent.from_pretrained(name)
-        for method in args.methods.split(","):
+    steps = {m: args.steps for m in args.methods.split(",")}
+    steps |= {k: int(v) for k, v in (kv.split("=") for kv in args.steps_for.split(",") if kv)}
+    pairs = [spec.split(":") for spec in args.pairs.split(",")]
+    for name in {n for pair in pairs for n in pair}:
+        agents[name] = Agent.from_pretrained(name)
+    for method in args.methods.split(","):  # method-major: every pair gets XKV before anything gets C2C
+        for sharer, receiver in pairs:
             folder = run_dir(method, sharer, receiver)
-            cfg = config(method, sharer, receiver, args.steps, args.batch)
+            cfg = config(method, sharer, receiver, steps[method], args.batch)
             train(cfg, folder, agents[sharer], agents[receiver], cache)
             plot(folder)
             log = json.loads((folder / "trainer.json").read_text())

@@ -1,5 +1,5 @@
 """Command line: `latentwire models`, `latentwire demo`, `latentwire bench run|report|pair`, `latentwire inspect`,
-`latentwire train`."""
+`latentwire train`, `latentwire serve`."""
 from __future__ import annotations
 
 import argparse
@@ -22,6 +22,8 @@ def _models(args) -> int:
 
 
 def _demo(args) -> int:
+    if getattr(args, "transport", "inprocess") == "ray":
+        return _demo_ray(args)
     from tqdm import tqdm
     from transformers.utils import logging as hf_logging
 
@@ -49,6 +51,30 @@ def _demo(args) -> int:
         oks = [ok for n, _, ok, _ in rows if n == name]
         print(f"  {name:8} {sum(oks)}/{len(oks)}")
     return 0
+
+
+def _demo_ray(args) -> int:
+    from transformers.utils import logging as hf_logging
+
+    from .transport.demo import demo
+
+    hf_logging.disable_progress_bar()
+    rows = demo(args.model, args.senders, args.latent_steps, args.latent_mode, address=args.address,
+                num_cpus=args.num_cpus, attach=args.attach)
+    print("\nper protocol: correct / episodes")
+    for name in dict.fromkeys(r[0] for r in rows):
+        oks = [ok for n, _, ok, _ in rows if n == name]
+        print(f"  {name:9} {sum(oks)}/{len(oks)}")
+    return 0
+
+
+def _serve(args) -> int:
+    from transformers.utils import logging as hf_logging
+
+    from .transport.demo import serve
+
+    hf_logging.disable_progress_bar()
+    return serve(args.model, args.senders, address=args.address, num_cpus=args.num_cpus)
 
 
 def _bench_run(args) -> int:
@@ -147,7 +173,19 @@ def main(argv=None) -> int:
     demo.add_argument("--senders", type=int, default=3, choices=(1, 2, 3))
     demo.add_argument("--latent-steps", type=int, default=8, help="G latent steps per sender for fullkv")
     demo.add_argument("--latent-mode", default="rescale", choices=("rescale", "realign"))
+    demo.add_argument("--transport", default="inprocess", choices=("inprocess", "ray"),
+                      help="ray: each agent a Ray actor (own process), messages signed wire bytes (cacheback, fullkv)")
+    demo.add_argument("--address", default=None, help="ray: an existing cluster (e.g. ray://head:10001 or auto); "
+                                                      "default RAY_ADDRESS, else a local Ray")
+    demo.add_argument("--num-cpus", type=int, default=2, help="ray: CPUs of a local Ray")
+    demo.add_argument("--attach", action="store_true", help="ray: use the agents `latentwire serve` started")
     demo.set_defaults(fn=_demo)
+    serve = sub.add_parser("serve", help="start agents as Ray actors (separate processes) for other drivers to use")
+    serve.add_argument("--model", default="smollm2-135m", help="bundled model name or local HF directory")
+    serve.add_argument("--senders", type=int, default=3, help="sender agents (plus one receiver)")
+    serve.add_argument("--address", default=None, help="an existing Ray cluster; default RAY_ADDRESS, else local")
+    serve.add_argument("--num-cpus", type=int, default=2, help="CPUs of a local Ray")
+    serve.set_defaults(fn=_serve)
     bench = sub.add_parser("bench", help="run protocols over a task and report").add_subparsers(dest="bench",
                                                                                                 required=True)
     brun = bench.add_parser("run", help="one JSONL record per episode × protocol (resumable)")

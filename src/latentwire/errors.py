@@ -22,6 +22,9 @@ class UnknownNameError(LatentWireError, KeyError):
     def __str__(self) -> str:  # KeyError would otherwise repr() the message
         return self.args[0]
 
+    def __reduce__(self):  # picklable (errors cross process boundaries, e.g. from Ray actors)
+        return type(self), (self.kind, self.name, self.valid)
+
 
 class UnsupportedRopeError(LatentWireError):
     """A RoPE variant whose rotation is not a fixed function of position (it cannot be re-rotated exactly)."""
@@ -42,6 +45,9 @@ class ContextOverflowError(LatentWireError):
         self.needed, self.window, self.breakdown = needed, window, dict(breakdown)
         parts = ", ".join(f"{k}={v}" for k, v in breakdown.items())
         super().__init__(f"needs {needed} positions but the context window is {window} ({parts})")
+
+    def __reduce__(self):
+        return type(self), (self.needed, self.window, self.breakdown)
 
 
 class ConfigError(LatentWireError, ValueError):

@@ -293,3 +293,14 @@ def test_rows_of_token_embeddings_answer_like_the_text(agent, spy_decode):
     assert start_a == start_b
     assert (hidden_a - hidden_b).abs().max() <= 1e-5
     assert all((x - y).abs().max() <= 1e-5 for x, y in zip(keys_a, keys_b, strict=True))
+
+
+def test_typed_errors_survive_pickling():
+    """Errors cross process boundaries (Ray actors): they must come back as themselves."""
+    import pickle
+
+    from latentwire.errors import ContextOverflowError, UnknownNameError
+
+    for err in (UnknownNameError("protocol", "x", ["a", "b"]), ContextOverflowError(10, 5, {"prompt": 10})):
+        back = pickle.loads(pickle.dumps(err))
+        assert type(back) is type(err) and str(back) == str(err)

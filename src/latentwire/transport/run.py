@@ -1,0 +1,293 @@
+"""Run a protocol with its agents on a transport: senders compute where they live, messages travel as
+the transport carries them, the receiver answers where it lives.
+
+    outcome = run_protocol(t, get_protocol("cacheback", ratio=16), ["a", "b", "c"], docs, "r", question)
+
+Supported: cacheback (fan-in), cacheback_chain, fullkv and merge. Each step below does exactly what the
+protocol's own `run` does for one agent, so the selected positions, the answer and the merge digest
+are the same on every transport (tests/unit/test_transport.py checks in-process against Ray).
+
+The Outcome is the protocol's own, plus transport details: `transport`, `positions` (per sender, as
+the receiver read them from the message), `signed_by` (key ids of verified signatures), `wire_bytes`
+(bytes that crossed, per sender; 0 by reference), `wall_s` (driver wall clock, dispatch to answer)
+and `lost` (senders whose node died; see `on_lost`).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import fields
+from typing import Callable, Sequence
+
+from ..errors import ConfigError
+from ..protocols.base import Outcome, Protocol
+from .base import NodeLostError, Transport, key_id
+
+ON_LOST = ("raise", "skip")
+
+
+def protocol_spec(protocol: Protocol) -> tuple[str, dict]:
+    """(name, init parameters): what a node needs to rebuild the same protocol object."""
+    return protocol.name, {f.name: getattr(protocol, f.name) for f in fields(protocol) if f.init}
+
+
+def _wire_len(packed) -> int:
+    return len(packed) if isinstance(packed, (bytes, bytearray, memoryview)) else 0
+
+
+def _received_info(got) -> dict:
+    return {"positions": [None if g.positions is None else list(g.positions) for g in got],
+            "signed_by": [key_id(g.signed_by) for g in got], "wire_bytes": [g.wire_bytes for g in got]}
+
+
+def _answer_info(reply) -> dict:
+    return {"answer": reply.text, "token_ids": list(reply.token_ids), "context": reply.context,
+            "seconds": reply.seconds}
+
+
+# -- steps (run where the node lives; module-level so Ray pickles them by reference) ----------------
+def cacheback_send(node, spec, document: str, question: str):
+    """A CacheBack sender: read (prefill + latent steps), score against the query, send the best rows."""
+    from ..protocols.cacheback import document_rows, kept_document_spans
+    from ..select import fanin_budget
+    from ..wire import Selection
+
+    p, agent = node.protocol(*spec), node.agent
+    t0 = time.perf_counter()
+    state = p.read(agent, document)
+    t1 = time.perf_counter()
+    per_row, eligible = document_rows(agent, document, len(state))
+    rows = p.choose(agent, state, question, eligible)
+    kept = state.select(rows)
+    out = agent.rows(kept)
+    rerun = getattr(p._selector, "last_seconds", 0.0) - getattr(p._selector, "last_press_seconds", 0.0)
+    t2 = time.perf_counter() - rerun
+    budget = fanin_budget(len(state), p.ratio)
+    packed = node.pack(out, protocol=p.name, positions=kept.positions.tolist(),
+                       selection=Selection(p.selector, budget, p.ratio),
+                       encoding="token_ids" if p.encoding == "token_ids" else None)
+    info = {"seconds": t2 - t0, "timing": {"read_s": t1 - t0, "select_s": t2 - t1, "rows": len(state),
+                                           "sent": len(rows)},
+            "kept": kept_document_spans(per_row, rows), "positions": kept.positions.tolist(),
+            "pack_s": time.perf_counter() - t2 - rerun, "wire_bytes": _wire_len(packed)}
+    return packed, info
+
+
+def rows_answer(node, spec, question: str, *packed):
+    """A fan-in receiver: the senders' rows, one after another, re-prefilled in its template slot."""
+    from ..message import Rows
+
+    p = node.protocol(*spec)
+    t0 = time.perf_counter()
+    got = [node.unpack(m) for m in packed]
+    message = Rows.cat([g.body for g in got])
+    unpack_s = time.perf_counter() - t0
+    reply = node.agent.answer(question, message=message, max_new_tokens=p.max_new_tokens)
+    return _answer_info(reply) | _received_info(got) | {
+        "unpack_s": unpack_s, "message_rows": len(message), "rows_bytes": message.nbytes,
+        "token_id_bytes": message.token_id_nbytes}
+
+
+def fullkv_send(node, spec, document: str, question: str):
+    p = node.protocol(*spec)
+    t0 = time.perf_counter()
+    state = p.sender_state(node.agent, document, question)
+    seconds = time.perf_counter() - t0
+    packed = node.pack(state, protocol=p.name)
+    return packed, {"seconds": seconds, "nbytes": len(state.to_bytes()), "wire_bytes": _wire_len(packed)}
+
+
+def kv_answer(node, spec, question: str, *packed):
+    from ..state import KVState
+
+    p = node.protocol(*spec)
+    t0 = time.perf_counter()
+    got = [node.unpack(m) for m in packed]
+    message = KVState.concat([g.body for g in got])
+    prep_s = time.perf_counter() - t0
+    reply = node.agent.answer(question, message=message, max_new_tokens=p.max_new_tokens)
+    return _answer_info(reply) | _received_info(got) | {"prep_s": prep_s, "message_rows": len(message)}
+
+
+def merge_think(node, spec, document: str, question: str):
+    """A merge thinker: its finished state becomes a fragment, kept in its replica and sent as a set of one."""
+    from ..merge import Fragment, FragmentSet
+
+    p = node.protocol(*spec)
+    t0 = time.perf_counter()
+    fragment = Fragment.of(p.sender_state(node.agent, document, question))
+    seconds = time.perf_counter() - t0
+    node.replica = node.replica.add(fragment)
+    packed = node.pack(FragmentSet([fragment]), protocol=p.name)
+    return packed, {"seconds": seconds, "digest": fragment.digest, "wire_bytes": _wire_len(packed)}
+
+
+def merge_judge(node, spec, question: str, *packed):
+    """The judger: merge the thinkers' fragments (a duplicate counts once), render, answer (as Merge.run)."""
+    from ..merge import FragmentSet
+
+    p = node.protocol(*spec)
+    got = [node.unpack(m) for m in packed]
+    t0 = time.perf_counter()
+    fragments = [f for g in got for f in g.body]  # thinker order (one fragment per message)
+    merged = FragmentSet(fragments)
+    node.replica = node.replica.merge(merged)
+    unique = list({f.digest: f for f in fragments}.values())
+    if p.order is not None and len(unique) != len(fragments):
+        raise ConfigError("order names every thinker, but some thinkers produced identical states")
+    state = p._render.render(unique if p.render == "bag" else merged)
+    ordered = p._render.order(unique)
+    render_s = time.perf_counter() - t0
+    reply = node.agent.answer(question, message=state, max_new_tokens=p.max_new_tokens)
+    slots = [next(i for i, f in enumerate(fragments) if f.digest == o.digest) for o in ordered]
+    return _answer_info(reply) | _received_info(got) | {
+        "render_s": render_s, "message_rows": len(state), "slots": slots, "digest": state.digest(),
+        "fragments": len(merged), "nbytes": sum(len(f.state.to_bytes()) for f in merged)}
+
+
+def chain_hop(node, spec, document: str, index: int, question: str, packed=None, previous=None):
+    """One CacheBack chain hop: re-prefill the previous hop's rows (if any), read, select, send on."""
+    p = node.protocol(*spec)
+    t0 = time.perf_counter()
+    got = None if packed is None else node.unpack(packed)
+    origins = [] if previous is None else previous["origins"]
+    out, origins, info = p.hop(node.agent, document, index, question, None if got is None else got.body,
+                               list(origins))
+    seconds = time.perf_counter() - t0
+    sent = node.pack(out, protocol=p.name, encoding="token_ids" if p.encoding == "token_ids" else None)
+    return sent, {"seconds": seconds, "origins": origins, "info": info, "wire_bytes": _wire_len(sent),
+                  "signed_by": None if got is None else key_id(got.signed_by)}
+
+
+def chain_answer(node, spec, question: str, packed):
+    p = node.protocol(*spec)
+    got = node.unpack(packed)
+    reply = node.agent.answer(question, message=got.body, max_new_tokens=p.max_new_tokens)
+    return _answer_info(reply) | _received_info([got]) | {
+        "message_rows": len(got.body), "rows_bytes": got.body.nbytes, "token_id_bytes": got.body.token_id_nbytes}
+
+
+def sleep_step(node, seconds: float) -> str:
+    """Keep a node busy (tests: a step queued behind it cannot have run before a kill)."""
+    time.sleep(seconds)
+    return node.name
+
+
+# -- the driver ------------------------------------------------------------------------------------
+def run_protocol(transport: Transport, protocol: Protocol | tuple[str, dict], senders: Sequence[str],
+                 documents: Sequence[str], receiver: str, question: str, *, on_lost: str = "raise",
+                 after_dispatch: Callable[[], None] | None = None) -> Outcome:
+    """Run one episode of `protocol` with senders and receiver on their nodes.
+
+    on_lost: "raise" (NodeLostError naming the node) or "skip": a fan-in (cacheback, fullkv, merge)
+      completes from the senders that survive, listing the lost ones in `details["lost"]`. A lost
+      receiver, a lost chain hop, or losing every sender always raises NodeLostError.
+    after_dispatch: called once every sender step is submitted (tests use it to kill a node mid-run).
+    """
+    from ..protocols import get_protocol
+    from ..protocols.cacheback import CacheBack
+    from ..protocols.cacheback_chain import CacheBackChain
+    from ..protocols.fullkv import FullKV
+    from ..protocols.merge import Merge
+
+    if isinstance(protocol, tuple):
+        protocol = get_protocol(protocol[0], **protocol[1])
+    if on_lost not in ON_LOST:
+        raise ConfigError(f"on_lost: want one of {ON_LOST}, got {on_lost!r}")
+    if len(senders) != len(documents):
+        raise ValueError(f"{len(senders)} senders for {len(documents)} documents")
+    spec = protocol_spec(protocol)
+    t0 = time.perf_counter()
+    if isinstance(protocol, CacheBackChain):
+        out = _run_chain(transport, spec, senders, documents, receiver, question, after_dispatch)
+    elif isinstance(protocol, (CacheBack, FullKV)):
+        kind = "merge" if isinstance(protocol, Merge) else "cacheback" if isinstance(protocol, CacheBack) else "fullkv"
+        send, answer = {"cacheback": (cacheback_send, rows_answer), "merge": (merge_think, merge_judge),
+                        "fullkv": (fullkv_send, kv_answer)}[kind]
+        out = _run_fanin(transport, spec, kind, send, answer, senders, documents, receiver, question, on_lost,
+                         after_dispatch)
+    else:
+        raise ConfigError(f"protocol {protocol.name!r} has no distributed runner; run_protocol supports "
+                          "cacheback, cacheback_chain, fullkv and merge")
+    out.details["wall_s"] = time.perf_counter() - t0
+    out.details["transport"] = transport.name
+    return out
+
+
+def _run_fanin(t: Transport, spec, kind, send, answer, senders, documents, receiver, question, on_lost, after_dispatch):
+    handles, lost = [], []
+    for s, d in zip(senders, documents):
+        try:
+            handles.append(t.submit(s, send, spec, d, question, n_out=2))
+        except NodeLostError:
+            if on_lost == "raise":
+                raise
+            handles.append(None)
+    if after_dispatch is not None:
+        after_dispatch()
+    infos, messages = [], []
+    for s, h in zip(senders, handles):
+        try:
+            if h is None:
+                raise NodeLostError(s, "it was dead before the run")
+            infos.append(t.get(h[1]))  # small; the message itself stays where the transport keeps it
+            messages.append(h[0])
+        except NodeLostError:
+            if on_lost == "raise":
+                raise
+            lost.append(s)
+            infos.append(None)
+    if not messages:
+        raise NodeLostError(",".join(lost), "every sender was lost")
+    got = t.run(receiver, answer, spec, question, *messages)
+    live = [i for i in infos if i is not None]
+    details = {"lost": lost, "positions": got["positions"], "signed_by": got["signed_by"],
+               "wire_bytes": got["wire_bytes"], "message_rows": got["message_rows"],
+               "answer_token_ids": got["token_ids"]}
+    kept = None
+    if kind == "cacheback":
+        nbytes = got["rows_bytes"] if spec[1]["encoding"] == "rows" else got["token_id_bytes"]
+        details |= {"senders": [i["timing"] for i in live], "rows_bytes": got["rows_bytes"],
+                    "token_id_bytes": got["token_id_bytes"], "sent_positions": [i["positions"] for i in live]}
+        kept = tuple(() if i is None else tuple(i["kept"]) for i in infos)
+        receiver_s = got["seconds"] + got["unpack_s"]
+    elif kind == "merge":
+        nbytes = got["nbytes"]
+        details |= {"slots": got["slots"], "digest": got["digest"], "fragments": got["fragments"],
+                    "render_s": got["render_s"], "latent_steps": spec[1]["latent_steps"]}
+        receiver_s = got["seconds"] + got["render_s"]
+        kept = tuple(((0, len(d)),) for d in documents)
+    else:
+        nbytes = sum(i["nbytes"] for i in live)
+        details |= {"latent_steps": spec[1]["latent_steps"]}
+        receiver_s = got["seconds"] + got["prep_s"]
+        kept = tuple(((0, len(d)),) for d in documents)
+    return Outcome(spec[0], got["answer"], nbytes, got["context"], tuple(i["seconds"] for i in live), receiver_s,
+                   details, kept_spans=kept)
+
+
+def _run_chain(t: Transport, spec, senders, documents, receiver, question, after_dispatch):
+    msg, info, infos = None, None, []
+    for i, (s, d) in enumerate(zip(senders, documents)):  # pipelined: each hop reads the previous hop's handles
+        msg, info = t.submit(s, chain_hop, spec, d, i, question, msg, info, n_out=2)
+        infos.append(info)
+    if after_dispatch is not None:
+        after_dispatch()
+    try:
+        got = t.run(receiver, chain_answer, spec, question, msg)
+    except NodeLostError:
+        for s, info in zip(senders, infos):  # name the first hop that was lost (the rest failed after it)
+            try:
+                t.get(info)
+            except NodeLostError as e:
+                raise NodeLostError(s, e.reason) from None
+        raise
+    hops = t.get_all(infos)
+    origins = hops[-1]["origins"]
+    nbytes = got["rows_bytes"] if spec[1]["encoding"] == "rows" else got["token_id_bytes"]
+    kept = tuple(tuple(o[1] for o in origins if o and o[0] == k) for k in range(len(documents)))
+    details = {"hops": [h["info"] for h in hops], "message_rows": got["message_rows"], "rows_bytes": got["rows_bytes"],
+               "token_id_bytes": got["token_id_bytes"], "lost": [], "positions": got["positions"],
+               "signed_by": [h["signed_by"] for h in hops[1:]] + got["signed_by"],
+               "wire_bytes": [h["wire_bytes"] for h in hops], "answer_token_ids": got["token_ids"]}
+    return Outcome(spec[0], got["answer"], nbytes, got["context"], (sum(h["seconds"] for h in hops),),
+                   got["seconds"], details, kept_spans=kept)
