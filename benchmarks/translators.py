@@ -118,6 +118,15 @@ def write(results: dict, args) -> None:
     lines += ["## Macro accuracy over all pairs and tasks", "", "| method | macro |", "|---|---:|"]
     lines += [f"| {row} | {mean(v):.3f} |" for row, v in macro.items()]
     lines += ["", "## The paper's claims at this scale", ""] + claims(results, tasks, macro)
+    lines += ["", "## Training runs (`benchmarks/train_translators.py`)", "",
+              "| method | sharer → receiver | steps (stage I + answer) | batch | params | val loss first → last eval |",
+              "|---|---|---:|---:|---:|---|"]
+    for path in sorted((ROOT / "runs" / "translators").glob("*/trainer.json")):
+        log = json.loads(path.read_text())
+        c = log["config"]
+        lines.append(f"| {c['method']} | {c['sharer']} → {c['receiver']} | {c['stage1_steps']} + "
+                     f"{c['steps'] - c['stage1_steps']} | {c['batch']} | {log.get('parameters', 0):,d} | "
+                     f"{log['val'][0][1]:.2f} (step {log['val'][0][0]}) → {log['val'][-1][1]:.2f} |")
     lines += ["", "![accuracy](translators.png)", "", "![loss curves](translators_loss.png)"]
     text = "\n".join(lines) + "\n"
     print(text)
