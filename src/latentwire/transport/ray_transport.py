@@ -12,6 +12,7 @@ there, so message bytes go from actor to actor without passing through the drive
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Callable
 
 from ..errors import ConfigError, LatentWireError
@@ -103,6 +104,11 @@ class RayTransport(Transport):
                  key: bytes | None = None, node_cpus: float = 0, node_gpus: float = 0,
                  torch_threads: int | None = 1, namespace: str = NAMESPACE, init_kwargs: dict | None = None,
                  runtime_env: dict | None = None):
+        if (address or os.environ.get("RAY_ADDRESS")) and "RAY_AUTH_MODE" not in os.environ \
+                and (Path.home() / ".ray" / "auth_token").exists():
+            # Ray 2.6x starts local clusters with token auth (~/.ray/auth_token), but a driver joining by
+            # address sends the token only when RAY_AUTH_MODE=token is set before Ray is imported.
+            os.environ["RAY_AUTH_MODE"] = "token"
         ray = _ray()
         self.config = NodeConfig(wire=True, sign=sign, key=key, torch_threads=torch_threads)
         self._owns_ray = False
