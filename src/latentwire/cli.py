@@ -106,33 +106,16 @@ def _bench_pair(args) -> int:
     return 0
 
 
-def _params(items: list[str]) -> dict:
-    """['dim=128', 'gate=true', 'kind=x'] -> {'dim': 128, 'gate': True, 'kind': 'x'} (JSON values, else strings)."""
-    import json
-
-    from .errors import ConfigError
-
-    params = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        if not eq or not key:
-            raise ConfigError(f"bad --param {item!r}; want KEY=VALUE")
-        try:
-            params[key] = json.loads(value)
-        except json.JSONDecodeError:
-            params[key] = value
-    return params
-
-
 def _train(args) -> int:
     import json
 
+    from .bench.runner import parse_filters
     from .training.trainer import TRAINER, TrainConfig, train
 
     tasks = tuple(t for t in args.tasks.split(",") if t.strip())
     cfg = TrainConfig(args.method, args.sharer, args.receiver, tasks=tasks, train_n=args.train_n, val_n=args.val_n,
                       steps=args.steps, batch=args.batch, lr=args.lr, stage1_steps=args.stage1_steps,
-                      eval_every=args.eval_every, seed=args.seed, params=_params(args.param))
+                      eval_every=args.eval_every, seed=args.seed, params=parse_filters(args.param, "--param"))
     out = args.out or Path("runs") / "translators" / f"{args.method}_{Path(args.sharer).name}_{Path(args.receiver).name}"
     out = train(cfg, out)
     log = json.loads((Path(out) / TRAINER).read_text())

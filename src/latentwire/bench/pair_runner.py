@@ -18,7 +18,7 @@ from ..errors import ConfigError, LatentWireError
 from ..protocols.base import Outcome
 from ..protocols.pair import PairProtocol, get_pair_protocol
 from .metrics import answer_scores
-from .runner import _memory, environment, parse_protocols
+from .runner import _memory, check_resume, finished, parse_protocols, write_config
 from .tasks.pairs import Pair, pairs
 
 RECORDS, CONFIG = "records.jsonl", "config.json"
@@ -46,16 +46,8 @@ def run_pairs(sharer_name: str, receiver_name: str, task: str, protocols: str, n
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg_path, rec_path = out_dir / CONFIG, out_dir / RECORDS
-    first = json.loads(cfg_path.read_text()) if cfg_path.exists() else None
-    if first and {k: first["config"].get(k) for k in _KEYS} != {k: config[k] for k in _KEYS}:
-        raise ConfigError(f"{out_dir} holds a run with another sharer/receiver/task/split/n/seed; use a new --out")
-    if first is None:
-        record = {"config": config, "environment": environment(), "resumed": []}
-    else:  # resuming keeps the first run's environment, logs each resume's, and adds new protocols
-        record = first | {"resumed": first.get("resumed", []) + [environment()]}
-        record["config"]["protocols"] = first["config"]["protocols"] | config["protocols"]
-    cfg_path.write_text(json.dumps(record | {"pairs": [p.id for p in todo_pairs]}, indent=2) + "\n")
-    done = _finished(rec_path)
+    write_config(cfg_path, check_resume(cfg_path, config, _KEYS), config, {"pairs": [p.id for p in todo_pairs]})
+    done = finished(rec_path, "pair")
     if all((p.id, label) in done for label in built for p in todo_pairs):
         return out_dir
     sharer = sharer or Agent.from_pretrained(sharer_name)
@@ -87,22 +79,6 @@ def _scored(out: Outcome, pair: Pair) -> dict:
             "sender_seconds": list(out.sender_seconds), "receiver_seconds": out.receiver_seconds,
             "message_bytes": out.message_bytes, "receiver_context": out.receiver_context, "details": out.details,
             "error": None}
-
-
-def _finished(rec_path: Path) -> set[tuple[str, str]]:
-    """(pair, protocol) already recorded; a line cut short by a crash is dropped from the file."""
-    if not rec_path.exists():
-        return set()
-    done, good = set(), []
-    for line in rec_path.read_text(encoding="utf-8").splitlines():
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        done.add((r["pair"], r["protocol"]))
-        good.append(line)
-    rec_path.write_text("".join(line + "\n" for line in good), encoding="utf-8")
-    return done
 
 
 def read_records(out_dir: str | Path) -> list[dict]:

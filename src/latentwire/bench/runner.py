@@ -74,13 +74,13 @@ class RunConfig:
         return d
 
 
-def parse_filters(items: list[str]) -> dict:
+def parse_filters(items: list[str], what: str = "filter") -> dict:
     """['hops=2', 'kind=x'] -> {'hops': 2, 'kind': 'x'}: values are JSON (numbers, true/false), else strings."""
     filters = {}
     for item in items:
         key, eq, value = item.partition("=")
         if not eq or not key:
-            raise ConfigError(f"bad filter {item!r}; want KEY=VALUE")
+            raise ConfigError(f"bad {what} {item!r}; want KEY=VALUE")
         try:
             filters[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -153,18 +153,11 @@ def run(config: RunConfig, out_dir: str | Path, progress: bool = True, agent: Ag
     resolved = config.resolved()
     cfg_path, rec_path = out_dir / "config.json", out_dir / "records.jsonl"
     keys = ("task", "model", "n", "seed", "filters")
-    first = json.loads(cfg_path.read_text()) if cfg_path.exists() else None
-    if first and {k: first["config"].get(k) for k in keys} != {k: resolved[k] for k in keys}:
-        raise ConfigError(f"{out_dir} holds a run with another task/model/n/seed/filters; use a new --out")
+    first = check_resume(cfg_path, resolved, keys)
     protocols = {label: get_protocol(spec["name"], **spec["params"]) for label, spec in resolved["protocols"].items()}
     episodes = select_episodes(load_task_episodes(config.task), config.n, config.seed, config.filters)
-    if first is None:  # resuming keeps the first run's environment and logs each resume's
-        record = {"config": resolved, "environment": environment(), "resumed": []}
-    else:
-        record = first | {"resumed": first.get("resumed", []) + [environment()]}
-        record["config"]["protocols"] = first["config"]["protocols"] | resolved["protocols"]
-    cfg_path.write_text(json.dumps(record | {"episodes": [e.id for e in episodes]}, indent=2) + "\n")
-    done = _finished(rec_path)
+    write_config(cfg_path, first, resolved, {"episodes": [e.id for e in episodes]})
+    done = finished(rec_path, "episode")
     agent = agent or Agent.from_pretrained(config.model)
     with rec_path.open("a", encoding="utf-8") as f:
         for label, protocol in protocols.items():
@@ -175,8 +168,27 @@ def run(config: RunConfig, out_dir: str | Path, progress: bool = True, agent: Ag
     return out_dir
 
 
-def _finished(rec_path: Path) -> set[tuple[str, str]]:
-    """(episode, protocol) pairs already recorded; a line cut short by a crash is dropped from the file."""
+def check_resume(cfg_path: Path, resolved: dict, keys: tuple[str, ...]) -> dict | None:
+    """The folder's first config record, if any; ConfigError if it ran with other values of `keys`."""
+    first = json.loads(cfg_path.read_text()) if cfg_path.exists() else None
+    if first and {k: first["config"].get(k) for k in keys} != {k: resolved[k] for k in keys}:
+        raise ConfigError(f"{cfg_path.parent} holds a run with another {'/'.join(keys)}; use a new --out")
+    return first
+
+
+def write_config(cfg_path: Path, first: dict | None, resolved: dict, listing: dict) -> None:
+    """config.json: the resolved config and environment; resuming keeps the first run's environment, logs
+    each resume's and adds new protocols. `listing` names what the run covers (episode / pair ids)."""
+    if first is None:
+        record = {"config": resolved, "environment": environment(), "resumed": []}
+    else:
+        record = first | {"resumed": first.get("resumed", []) + [environment()]}
+        record["config"]["protocols"] = first["config"]["protocols"] | resolved["protocols"]
+    cfg_path.write_text(json.dumps(record | listing, indent=2) + "\n")
+
+
+def finished(rec_path: Path, key: str) -> set[tuple[str, str]]:
+    """(record[key], protocol) pairs already recorded; a line cut short by a crash is dropped from the file."""
     if not rec_path.exists():
         return set()
     done, good = set(), []
@@ -185,7 +197,7 @@ def _finished(rec_path: Path) -> set[tuple[str, str]]:
             r = json.loads(line)
         except json.JSONDecodeError:
             continue
-        done.add((r["episode"], r["protocol"]))
+        done.add((r[key], r["protocol"]))
         good.append(line)
     rec_path.write_text("".join(line + "\n" for line in good), encoding="utf-8")
     return done

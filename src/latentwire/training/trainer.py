@@ -118,8 +118,8 @@ def train(cfg: TrainConfig, out: str | Path, sharer: Agent | None = None, receiv
         _load_optimizer(opt, translator, out / OPTIMIZER)
     log["parameters"] = translator.num_parameters
 
-    def states_of(pair: Pair):
-        return _states(pair, sharer, receiver, cfg.method, cache)
+    def states_of(pair: Pair, stage: int = 2):  # stage I also needs the reconstruction target
+        return pair_states(pair, sharer, receiver, cfg.method, cache, stage1=stage == 1)
 
     bar = tqdm(range(log["step"], cfg.steps), initial=log["step"], total=cfg.steps, disable=not progress,
                desc=f"{cfg.method} {cfg.sharer}->{cfg.receiver}")
@@ -130,7 +130,7 @@ def train(cfg: TrainConfig, out: str | Path, sharer: Agent | None = None, receiv
         total = 0.0
         for i in batch_indices(len(train_pairs), cfg.seed, step, cfg.batch):
             pair = train_pairs[i]
-            loss = step_loss(translator, states_of(pair), pair, receiver, stage) / cfg.batch
+            loss = step_loss(translator, states_of(pair, stage), pair, receiver, stage) / cfg.batch
             loss.backward()
             total += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(translator.parameters(), 1.0)
@@ -152,10 +152,6 @@ def validation_loss(translator, val_pairs: list[Pair], states_of, receiver: Agen
     losses = [float(answer_loss(receiver, compose(translator, states_of(p)), p.question, p.target)) for p in val_pairs]
     translator.train()
     return sum(losses) / len(losses)
-
-
-def _states(pair: Pair, sharer: Agent, receiver: Agent, method: str, cache: StateCache):
-    return pair_states(pair, sharer, receiver, method, cache, stage1=method == "dense")
 
 
 def _resume_log(out: Path, cfg: TrainConfig) -> dict:
