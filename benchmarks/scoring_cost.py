@@ -1,12 +1,14 @@
-"""What CacheBack's scoring + selection costs the sender, against its prefill, as the document grows.
+"""What CacheBack's scoring + selection costs the sender, against its read, as the document grows.
 
-    python benchmarks/scoring_cost.py [--models smollm2-135m,qwen2.5-0.5b] [--tokens 500,1000,2000,4000] [--reps 3]
+    python benchmarks/scoring_cost.py [--models smollm2-135m,qwen2.5-0.5b] [--dtypes float32,bfloat16]
+                                      [--tokens 500,1000,2000,4000] [--latent-steps 8] [--reps 3]
 
-For one generated `facts` document per size: the sender's prefill (SENDER_PROMPT), then the receiver's
-question scored against the finished state (the m query tokens through the model with eager attention,
-reductions, Pool7, correction) and spans selected at 8×. Also the same m tokens through the model with
-its default attention and no weights kept: the floor any query-attention scorer pays. Medians over
-`--reps`. Run it alone: the machine has 2 cores, and a second job skews every number. Writes
+For one generated `facts` document per size: the sender's read (prefill of SENDER_PROMPT + G latent
+steps), then the receiver's question scored against the finished state (`Agent.attend`: the m query
+tokens through the model with its own attention implementation, queries captured by hooks, weights
+computed over the cached keys; then reductions, Pool7, correction) and spans selected at 8×. Also the
+same m tokens through the model with nothing captured: the floor any query-attention scorer pays.
+Medians over `--reps`. Run it alone: the machine has 2 cores, and a second job skews every number. Writes
 docs/results/scoring_cost.{md,json}.
 """
 from __future__ import annotations
@@ -29,15 +31,15 @@ from latentwire.select import always_kept, fanin_budget, get_selector, select_ro
 OUT = Path(__file__).resolve().parents[1] / "docs" / "results"
 
 
-def measure(agent: Agent, tokens: int, reps: int) -> dict:
+def measure(agent: Agent, tokens: int, reps: int, latent_steps: int) -> dict:
     ep = facts_episodes(seed=tokens, n=1, tokens=tokens, senders=1, hops=1)[0]
     doc, selector, cb = ep.contexts[0], get_selector("cacheback"), CacheBack(latent_steps=0)
     query = cb.query_text(agent, ep.question)
-    ids = torch.tensor(agent.tokenizer(query, add_special_tokens=False)["input_ids"])
+    ids = agent.ids(agent.tokenizer(query, add_special_tokens=False)["input_ids"])
     prefill, score, floor = [], [], []
     for _ in range(reps):
         t0 = time.perf_counter()
-        state = agent.prefill(SENDER_PROMPT.format(document=doc))
+        state = agent.think(agent.prefill(SENDER_PROMPT.format(document=doc)), latent_steps)
         t1 = time.perf_counter()
         _, eligible = document_rows(agent, doc, len(state))
         select_rows(selector.score(agent, state, query), fanin_budget(len(state), 8), always_kept(state), eligible=eligible)
@@ -55,21 +57,28 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="smollm2-135m,qwen2.5-0.5b")
     ap.add_argument("--tokens", default="500,1000,2000,4000")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--latent-steps", type=int, default=8)
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     rows = {}
     for model in args.models.split(","):
-        agent = Agent.from_pretrained(model)
-        measure(agent, 200, 1)  # warm-up
-        rows[model] = [measure(agent, t, args.reps) for t in map(int, args.tokens.split(","))]
-        for r in rows[model]:
-            print(model, json.dumps(r), flush=True)
-    cmd = f"python benchmarks/scoring_cost.py --models {args.models} --tokens {args.tokens} --reps {args.reps}"
+        for dtype in args.dtypes.split(","):
+            agent = Agent.from_pretrained(model, device="cpu", dtype=dtype)
+            measure(agent, 200, 1, args.latent_steps)  # warm-up
+            key = f"{model} {dtype}"
+            rows[key] = [measure(agent, t, args.reps, args.latent_steps) for t in map(int, args.tokens.split(","))]
+            for r in rows[key]:
+                print(key, json.dumps(r), flush=True)
+            del agent
+    cmd = (f"python benchmarks/scoring_cost.py --models {args.models} --dtypes {args.dtypes} --tokens {args.tokens} "
+           f"--latent-steps {args.latent_steps} --reps {args.reps}")
     env = environment()
-    lines = ["# CacheBack scoring + selection vs the sender's prefill", "", f"Command: `{cmd}`", "",
-             f"latentwire @ {str(env['git'])[:10]}, torch {env['torch']}, {env['torch_threads']} threads; medians of "
-             f"{args.reps}. Target: scoring + selection ≤ 5% of the sender's prefill.", "",
-             "| model | T rows | m query tokens | prefill s | score + select s | share | query forward alone s | its share |",
+    lines = ["# CacheBack scoring + selection vs the sender's read", "", f"Command: `{cmd}`", "",
+             f"latentwire @ {str(env['git'])[:10]}, torch {env['torch']}, {env['torch_threads']} threads, CPU; medians "
+             f"of {args.reps}. The read is the prefill plus G = {args.latent_steps} latent steps. Target: scoring + "
+             "selection ≤ 5% of the read from ~1,000 tokens up on Qwen.", "",
+             "| model, dtype | T rows | m query tokens | read s | score + select s | share | query forward alone s | its share |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for model, rs in rows.items():
         lines += [f"| {model} | {r['T']} | {r['m']} | {r['prefill_s']:.2f} | {r['score_select_s']:.3f} | "

@@ -9,6 +9,7 @@ Every call appends a `CallRecord` (wall time, rows in, tokens out, context) to `
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -71,7 +72,7 @@ class Stream:
 
     @torch.inference_mode()
     def push(self, token: int) -> None:
-        hidden = self.agent._forward(self.cache, self.position, ids=torch.tensor([token]))[-1]
+        hidden = self.agent._forward(self.cache, self.position, ids=self.agent.ids([token]))[-1]
         self.position += 1
         self.logprobs = torch.log_softmax(self.agent.logits(hidden).float(), dim=-1)
 
@@ -84,9 +85,23 @@ class Agent:
         self.calls: list[CallRecord] = []
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str = "smollm2-135m", **kw) -> "Agent":
-        model, tokenizer, name = load(name_or_path)
+    def from_pretrained(cls, name_or_path: str = "smollm2-135m", device: str | torch.device | None = None,
+                        dtype: str | torch.dtype | None = None, **kw) -> "Agent":
+        """A bundled name, a local HF folder or a hub id; device/dtype default as `placement.resolve`."""
+        model, tokenizer, name = load(name_or_path, dtype=dtype, device=device)
         return cls(model, tokenizer, name, **kw)
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_input_embeddings().weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.get_input_embeddings().weight.dtype
+
+    def ids(self, ids) -> torch.Tensor:
+        """Token ids as an int64 tensor on this agent's device."""
+        return torch.as_tensor(ids, dtype=torch.int64, device=self.device)
 
     @cached_property
     def geometry(self) -> Geometry:
@@ -109,12 +124,13 @@ class Agent:
     @torch.no_grad()
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         """Input embeddings exactly as the model computes them (Gemma's √d scale included)."""
-        return self.model.get_input_embeddings()(torch.as_tensor(ids, dtype=torch.long))
+        return self.model.get_input_embeddings()(self.ids(ids))
 
     @cached_property
     def _input_matrix(self) -> torch.Tensor:  # (V, d): effective input embeddings of every token
         emb = self.model.get_input_embeddings()
-        return emb.weight.detach() * getattr(emb, "embed_scale", torch.tensor(1.0)).to(emb.weight.dtype)
+        scale = getattr(emb, "embed_scale", None)  # Gemma: √d, a buffer on the model's device
+        return emb.weight.detach() * (1.0 if scale is None else scale.to(emb.weight.dtype))
 
     @cached_property
     def mean_embedding_norm(self) -> float:
@@ -127,7 +143,7 @@ class Agent:
         w_in = self._input_matrix.double()  # (V, d)
         gram = w_out.T @ w_out
         ridge = 1e-5 * gram.diagonal().mean()
-        return torch.linalg.solve(gram + ridge * torch.eye(gram.shape[0], dtype=gram.dtype),
+        return torch.linalg.solve(gram + ridge * torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device),
                                   w_out.T @ w_in).to(self._input_matrix.dtype)  # (d, d)
 
     def latent_vector(self, hidden: torch.Tensor, mode: str = "rescale") -> torch.Tensor:
@@ -145,8 +161,8 @@ class Agent:
     def _forward(self, cache: DynamicCache, start: int, ids=None, embeds=None) -> torch.Tensor:
         """Run n new rows at positions start..start+n-1 through the model; returns (n, d) final hidden."""
         n = (ids if ids is not None else embeds).shape[-2 if embeds is not None else -1]
-        pos = torch.arange(start, start + n)[None]
-        out = self.model.model(input_ids=None if ids is None else torch.as_tensor(ids).reshape(1, -1),
+        pos = torch.arange(start, start + n, device=self.device)[None]
+        out = self.model.model(input_ids=None if ids is None else self.ids(ids).reshape(1, -1),
                                inputs_embeds=None if embeds is None else embeds.reshape(1, n, -1),
                                past_key_values=cache, position_ids=pos, use_cache=True)
         return out.last_hidden_state[0]
@@ -172,14 +188,15 @@ class Agent:
         rows are re-prefilled there (a chain hop reading the previous hop's message with its own input)."""
         t0 = time.perf_counter()
         if rows is None:
-            ids = torch.tensor(self.chat_ids(chat, add_generation_prompt))
+            ids = self.ids(self.chat_ids(chat, add_generation_prompt))
             inputs, latents = {"ids": ids}, None
         else:
             pre, post = self.slot_ids(self.chat_text(chat, add_generation_prompt))
             self._check_rows(rows)
-            ids = torch.cat([torch.tensor(pre, dtype=torch.int64), rows.token_ids, torch.tensor(post, dtype=torch.int64)])
-            embeds = torch.cat([self.embed(pre), rows.embeds.to(self.model.dtype), self.embed(post)])
-            inputs, latents = {"embeds": embeds}, rows.embeds[rows.token_ids == -1]
+            row_ids = rows.token_ids.to(self.device)
+            ids = torch.cat([self.ids(pre), row_ids, self.ids(post)])
+            embeds = torch.cat([self.embed(pre), rows.embeds.to(self.device, self.dtype), self.embed(post)])
+            inputs, latents = {"embeds": embeds}, embeds[len(pre):len(pre) + len(row_ids)][row_ids == -1]
         self._check_window(prompt=len(ids))
         cache = DynamicCache(config=self.model.config)
         hidden = self._forward(cache, 0, **inputs)
@@ -209,34 +226,64 @@ class Agent:
             e = self.latent_vector(hidden, mode)  # (d,)
             hidden = self._forward(cache, len(state) + i, embeds=e[None])[-1]
             latents.append(e)
-        token_ids = torch.cat([state.token_ids, torch.full((steps,), -1, dtype=torch.int64)])
+        token_ids = torch.cat([state.token_ids, torch.full((steps,), -1, dtype=torch.int64, device=self.device)])
         out = KVState.from_cache(cache, self.geometry, token_ids, torch.cat([state.latents, torch.stack(latents)]),
                                  last_hidden=hidden.clone(), start=0)
         self._record("think", t0, steps, 0, len(out))
         return out if state.is_compact else out.rerotate(torch.cat([state.positions, state.positions[-1] + 1 +
-                                                                    torch.arange(steps)]))
+                                                                    torch.arange(steps, device=self.device)]))
 
     @torch.inference_mode()
     def attend(self, state: KVState, query: str) -> torch.Tensor:
         """Attention of the query's m tokens, appended after a finished state, over its T rows.
 
-        Returns (L_g, H_q, m, T): one slice per global-attention layer (sliding layers see only their
-        window, so hybrid models are scored on global layers alone). The state itself is not re-run:
-        only the m query tokens go through the model, with eager attention to expose the weights.
+        Returns (L_g, H_q, m, T) float32: one slice per global-attention layer (sliding layers see only
+        their window, so hybrid models are scored on global layers alone). The state is not re-run: the
+        m query tokens go through the model with its own attention implementation (eager, sdpa, flash),
+        while hooks capture each global layer's query projection and RoPE cos/sin; the weights are then
+        softmax(q·Kᵀ·scaling) over the cached keys plus the query's own causal keys, exactly as eager
+        attention computes them (grouped-query aware, logit soft-capping applied), in float32.
         """
         self.geometry.check_same(state.geometry)
-        ids = torch.tensor(self.tokenizer(query, add_special_tokens=False)["input_ids"])
+        ids = self.ids(self.tokenizer(query, add_special_tokens=False)["input_ids"])
         self._check_window(state=len(state), query=len(ids))
+        T, m = len(state), len(ids)
         layers = [i for i, t in enumerate(state.geometry.layer_types) if t == "global"]
-        before = self.model.config._attn_implementation
-        self.model.set_attn_implementation("eager")
+        captured: dict[int, list] = {i: [None, None] for i in layers}  # layer -> [q projection, (cos, sin)]
+        hooks = []
+        for i in layers:
+            attn = self.model.model.layers[i].self_attn
+            hooks.append(attn.q_proj.register_forward_hook(lambda mod, inp, out, i=i: captured[i].__setitem__(0, out)))
+            hooks.append(attn.register_forward_pre_hook(
+                lambda mod, args, kwargs, i=i: captured[i].__setitem__(1, kwargs.get("position_embeddings")),
+                with_kwargs=True))
+        cache = state.compact().to_cache()
         try:
-            out = self.model.model(input_ids=ids[None], past_key_values=state.compact().to_cache(),
-                                   position_ids=torch.arange(len(state), len(state) + len(ids))[None],
-                                   use_cache=True, output_attentions=True)
+            self.model.model(input_ids=ids[None], past_key_values=cache, use_cache=True,
+                             position_ids=torch.arange(T, T + m, device=self.device)[None])
         finally:
-            self.model.set_attn_implementation(before)
-        return torch.stack([out.attentions[i][0, :, :, :len(state)] for i in layers])  # (L_g, H_q, m, T)
+            for h in hooks:
+                h.remove()
+        causal = torch.ones(m, m, dtype=torch.bool, device=self.device).tril()  # query i sees query j ≤ i
+        mask = torch.cat([torch.ones(m, T, dtype=torch.bool, device=self.device), causal], dim=1)  # (m, T + m)
+        out = []
+        for i in layers:
+            attn = self.model.model.layers[i].self_attn
+            q_proj, cos_sin = captured[i]
+            if q_proj is None or cos_sin is None:
+                raise StateFormatError(f"layer {i}: attention did not expose its query projection and RoPE "
+                                       f"(unsupported attention module {type(attn).__name__})")
+            q = _rotated_queries(attn, q_proj, cos_sin)  # (1, H_q, m, D)
+            keys = cache.layers[i].keys  # (1, H_kv, T + m, D): the state's rows, then the query's own
+            groups = q.shape[1] // keys.shape[1]
+            k = keys.float().repeat_interleave(groups, dim=1)  # (1, H_q, T + m, D)
+            logits = (q.float() @ k.transpose(-1, -2)) * attn.scaling  # (1, H_q, m, T + m)
+            cap = getattr(attn, "attn_logit_softcapping", None)
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+            weights = logits.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+            out.append(weights[0, :, :, :T])
+        return torch.stack(out)  # (L_g, H_q, m, T)
 
     def rows(self, state: KVState) -> Rows:
         """Continuous rows of a state: token embeddings for token rows, latent inputs at the mean norm."""
@@ -264,14 +311,14 @@ class Agent:
     def stream(self, prompt: Chat, max_new_tokens: int = 48, chunk: int = 256) -> Stream:
         """Prefill `prompt` and open a greedy decode, keeping each prompt token's negative log-likelihood
         (for perplexity). Logits are computed `chunk` rows at a time: (chunk, V) at most in memory."""
-        ids = torch.tensor(self.chat_ids(prompt))
+        ids = self.ids(self.chat_ids(prompt))
         self._check_window(prompt=len(ids), max_new_tokens=max_new_tokens)
         t0 = time.perf_counter()
         cache = DynamicCache(config=self.model.config)
         hidden = self._forward(cache, 0, ids=ids)  # (n, d)
         nll = torch.cat([torch.nn.functional.cross_entropy(self.logits(h).float(), t, reduction="none")
                          for h, t in zip(hidden[:-1].split(chunk), ids[1:].split(chunk))]) if len(ids) > 1 \
-            else torch.zeros(0)
+            else torch.zeros(0, device=self.device)
         self._record("stream", t0, len(ids), 0, len(ids))
         return Stream(self, cache, len(ids), torch.log_softmax(self.logits(hidden[-1]).float(), dim=-1), nll)
 
@@ -283,7 +330,7 @@ class Agent:
         if message is None:
             ids = self.chat_ids(question)
             self._check_window(prompt=len(ids), max_new_tokens=max_new_tokens)
-            return DynamicCache(config=self.model.config), 0, {"ids": torch.tensor(ids)}, 0, len(ids)
+            return DynamicCache(config=self.model.config), 0, {"ids": self.ids(ids)}, 0, len(ids)
         if not isinstance(question, str):
             raise TypeError("with a message, the question must be a string")
         if isinstance(message, KVState):  # full KV: the state is the prefix, the prompt continues after it
@@ -291,18 +338,18 @@ class Agent:
             ids = self.tokenizer(self.continuation_text(KV_PROMPT.format(question=question)),
                                  add_special_tokens=False)["input_ids"]
             self._check_window(message=len(message), prompt=len(ids), max_new_tokens=max_new_tokens)
-            return message.compact().to_cache(), len(message), {"ids": torch.tensor(ids)}, len(message), len(ids)
+            return message.compact().to_cache(), len(message), {"ids": self.ids(ids)}, len(message), len(ids)
         pre, post = self._slot_split(question)
         if isinstance(message, Rows):  # continuous rows, re-prefilled inside the template slot
             self._check_rows(message)
             self._check_window(message=len(message), prompt=len(pre) + len(post), max_new_tokens=max_new_tokens)
-            embeds = torch.cat([self.embed(pre), message.embeds.to(self.model.dtype), self.embed(post)])
+            embeds = torch.cat([self.embed(pre), message.embeds.to(self.device, self.dtype), self.embed(post)])
             return DynamicCache(config=self.model.config), 0, {"embeds": embeds}, len(message), len(pre) + len(post)
         if isinstance(message, str):  # text, tokenised together with the prompt around it
             ids = self.chat_ids(self._with_slot(question).replace(SLOT, message))
             self._check_window(prompt=len(ids), max_new_tokens=max_new_tokens)
             n_msg = len(ids) - len(pre) - len(post)
-            return DynamicCache(config=self.model.config), 0, {"ids": torch.tensor(ids)}, n_msg, len(ids) - n_msg
+            return DynamicCache(config=self.model.config), 0, {"ids": self.ids(ids)}, n_msg, len(ids) - n_msg
         raise TypeError(f"a message is text, Rows or a KVState, not {type(message).__name__}")
 
     # -- helpers ----------------------------------------------------------------------------
@@ -361,5 +408,24 @@ class Agent:
                 break
             out.append(tok)
             if i + 1 < max_new_tokens:
-                hidden = self._forward(cache, start + i, ids=torch.tensor([tok]))[-1]
+                hidden = self._forward(cache, start + i, ids=self.ids([tok]))[-1]
         return out
+
+
+def _rotated_queries(attn, q_proj: torch.Tensor, cos_sin) -> torch.Tensor:
+    """The query states an attention module feeds its kernel, rebuilt from its q_proj output.
+
+    q_proj: (1, m, H_q·D). Per-head q_norm (Gemma3, Qwen3) normalises the last dim, so it applies in
+    either layout; RoPE uses the module's own cos/sin (attention_scaling included) and the rotation
+    function of the model's own modeling file.
+    """
+    head_dim = attn.head_dim
+    q = q_proj.view(*q_proj.shape[:-1], -1, head_dim)  # (1, m, H_q, D)
+    if getattr(attn, "q_norm", None) is not None:
+        q = attn.q_norm(q)
+    q = q.transpose(1, 2)  # (1, H_q, m, D)
+    cos, sin = cos_sin
+    apply = getattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb", None)
+    if apply is None:
+        raise StateFormatError(f"{type(attn).__module__} has no apply_rotary_pos_emb: cannot score its queries")
+    return apply(q, q, cos, sin)[0]

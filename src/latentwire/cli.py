@@ -10,14 +10,30 @@ from pathlib import Path
 from .errors import LatentWireError
 
 
+def _placement_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps; default: cuda if available, else cpu "
+                                                   "($LATENTWIRE_DEVICE overrides the default)")
+    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16; default: bfloat16 on CUDA and on "
+                                                  "CPUs with AMX / AVX512-BF16, float32 otherwise ($LATENTWIRE_DTYPE)")
+
+
+def _load_agent(args):
+    from .agent import Agent
+
+    return Agent.from_pretrained(args.model, device=args.device, dtype=args.dtype)
+
+
 def _models(args) -> int:
     from .models import ZOO
+    from .placement import dtype_name, resolve
 
     print(f"{'name':14} {'arch':7} {'layers':>6} {'kv':>3} {'head':>5} {'hidden':>6}  installed cached  install")
     for m in ZOO.values():
         print(f"{m.name:14} {m.arch:7} {m.num_layers:>6} {m.num_kv_heads:>3} {m.head_dim:>5} {m.hidden_size:>6}  "
               f"{'yes' if m.installed else 'no':9} {'yes' if m.cached else 'no':6}  {m.pip}")
-    print("Any local HF model directory also works: --model /path/to/model")
+    print("Any local HF model directory (--model /path/to/model) or hub id (--model Qwen/Qwen3-0.6B) also works.")
+    place = resolve()
+    print(f"Default placement here: --device {place.device} --dtype {dtype_name(place.dtype)} ({place.reason})")
     return 0
 
 
@@ -27,12 +43,12 @@ def _demo(args) -> int:
     from tqdm import tqdm
     from transformers.utils import logging as hf_logging
 
-    from .agent import Agent
     from .demo import run_demo
 
     hf_logging.disable_progress_bar()
     print(f"loading {args.model} ...", flush=True)
-    agent = Agent.from_pretrained(args.model)
+    agent = _load_agent(args)
+    print(f"running on {agent.device} in {str(agent.dtype).removeprefix('torch.')}", flush=True)
     protocols = {"alone": {}, "text": {},
                  "fullkv": {"latent_steps": args.latent_steps, "latent_mode": args.latent_mode}}
     rows = []
@@ -56,10 +72,11 @@ def _demo(args) -> int:
 def _demo_ray(args) -> int:
     from transformers.utils import logging as hf_logging
 
+    from .transport import AgentSpec
     from .transport.demo import demo
 
     hf_logging.disable_progress_bar()
-    rows = demo(args.model, args.senders, args.latent_steps, args.latent_mode, address=args.address,
+    rows = demo(AgentSpec.pretrained(args.model, device=args.device, dtype=args.dtype), args.senders, args.latent_steps, args.latent_mode, address=args.address,
                 num_cpus=args.num_cpus, attach=args.attach)
     print("\nper protocol: correct / episodes")
     for name in dict.fromkeys(r[0] for r in rows):
@@ -71,16 +88,18 @@ def _demo_ray(args) -> int:
 def _serve(args) -> int:
     from transformers.utils import logging as hf_logging
 
+    from .transport import AgentSpec
     from .transport.demo import serve
 
     hf_logging.disable_progress_bar()
-    return serve(args.model, args.senders, address=args.address, num_cpus=args.num_cpus)
+    return serve(AgentSpec.pretrained(args.model, device=args.device, dtype=args.dtype), args.senders, address=args.address, num_cpus=args.num_cpus)
 
 
 def _bench_run(args) -> int:
     from .bench.runner import RunConfig, parse_filters, run
 
-    config = RunConfig(args.task, args.protocols, args.model, args.n, args.seed, parse_filters(args.filter))
+    config = RunConfig(args.task, args.protocols, args.model, args.n, args.seed, parse_filters(args.filter),
+                       device=args.device, dtype=args.dtype)
     out = run(config, args.out)
     print(f"records in {out / 'records.jsonl'}; report with: latentwire bench report {out}")
     return 0
@@ -100,7 +119,7 @@ def _bench_pair(args) -> int:
 
     out = args.out or Path("runs") / "pairs" / f"{args.task}_{Path(args.sharer).name}_{Path(args.receiver).name}"
     out = run_pairs(args.sharer, args.receiver, args.task, args.protocols, args.n, out, seed=args.seed,
-                    split=args.split)
+                    split=args.split, device=args.device, dtype=args.dtype)
     print(format_table(summarize_pairs(read_records(out))))
     print(f"\nrecords in {out / 'records.jsonl'}")
     return 0
@@ -115,7 +134,8 @@ def _train(args) -> int:
     tasks = tuple(t for t in args.tasks.split(",") if t.strip())
     cfg = TrainConfig(args.method, args.sharer, args.receiver, tasks=tasks, train_n=args.train_n, val_n=args.val_n,
                       steps=args.steps, batch=args.batch, lr=args.lr, stage1_steps=args.stage1_steps,
-                      eval_every=args.eval_every, seed=args.seed, params=parse_filters(args.param, "--param"))
+                      eval_every=args.eval_every, seed=args.seed, params=parse_filters(args.param, "--param"),
+                      device=args.device, dtype=args.dtype)
     out = args.out or Path("runs") / "translators" / f"{args.method}_{Path(args.sharer).name}_{Path(args.receiver).name}"
     out = train(cfg, out)
     log = json.loads((Path(out) / TRAINER).read_text())
@@ -128,7 +148,6 @@ def _train(args) -> int:
 
 
 def _inspect(args) -> int:
-    from .agent import Agent
     from .bench.inspect import inspect_episode, screenshot
     from .bench.runner import load_task_episodes
     from .errors import UnknownNameError
@@ -136,7 +155,7 @@ def _inspect(args) -> int:
     episodes = {e.id: e for e in load_task_episodes(args.task)}
     if args.episode not in episodes:
         raise UnknownNameError("episode", args.episode, list(episodes)[:20] + ["..."])
-    agent = Agent.from_pretrained(args.model)
+    agent = _load_agent(args)
     page = inspect_episode(agent, episodes[args.episode], args.selectors.split(","), args.ratio, args.latent_steps)
     out = Path(args.out)
     out.write_text(page, encoding="utf-8")
@@ -162,12 +181,14 @@ def main(argv=None) -> int:
                                                       "default RAY_ADDRESS, else a local Ray")
     demo.add_argument("--num-cpus", type=int, default=2, help="ray: CPUs of a local Ray")
     demo.add_argument("--attach", action="store_true", help="ray: use the agents `latentwire serve` started")
+    _placement_args(demo)
     demo.set_defaults(fn=_demo)
     serve = sub.add_parser("serve", help="start agents as Ray actors (separate processes) for other drivers to use")
     serve.add_argument("--model", default="smollm2-135m", help="bundled model name or local HF directory")
     serve.add_argument("--senders", type=int, default=3, help="sender agents (plus one receiver)")
     serve.add_argument("--address", default=None, help="an existing Ray cluster; default RAY_ADDRESS, else local")
     serve.add_argument("--num-cpus", type=int, default=2, help="CPUs of a local Ray")
+    _placement_args(serve)
     serve.set_defaults(fn=_serve)
     bench = sub.add_parser("bench", help="run protocols over a task and report").add_subparsers(dest="bench",
                                                                                                 required=True)
@@ -180,6 +201,7 @@ def main(argv=None) -> int:
     brun.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE",
                       help="keep episodes whose meta[KEY] == VALUE, e.g. hops=2")
     brun.add_argument("--out", required=True, help="run folder (re-run to resume)")
+    _placement_args(brun)
     brun.set_defaults(fn=_bench_run)
     brep = bench.add_parser("report", help="markdown table with bootstrap CIs and PNG plots")
     brep.add_argument("run_dir")
@@ -195,6 +217,7 @@ def main(argv=None) -> int:
     bpair.add_argument("--split", default="test", choices=("train", "val", "test"))
     bpair.add_argument("--seed", type=int, default=0)
     bpair.add_argument("--out", default=None, help="run folder (re-run to resume); default runs/pairs/TASK_SHARER_RECEIVER")
+    _placement_args(bpair)
     bpair.set_defaults(fn=_bench_pair)
     trn = sub.add_parser("train", help="train a translator between two frozen models (resumable)")
     trn.add_argument("--method", required=True, help="xkv, dense, lcfx or c2c")
@@ -212,6 +235,7 @@ def main(argv=None) -> int:
     trn.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                      help="translator config field, e.g. --param slots=8 (repeatable)")
     trn.add_argument("--out", default=None, help="checkpoint folder; default runs/translators/METHOD_SHARER_RECEIVER")
+    _placement_args(trn)
     trn.set_defaults(fn=_train)
     insp = sub.add_parser("inspect", help="one episode as HTML: kept spans per selector, gold evidence underlined")
     insp.add_argument("--task", default="facts")
@@ -222,6 +246,7 @@ def main(argv=None) -> int:
     insp.add_argument("--latent-steps", type=int, default=8)
     insp.add_argument("--out", default="inspect.html")
     insp.add_argument("--png", action="store_true", help="also render a PNG with headless chromium")
+    _placement_args(insp)
     insp.set_defaults(fn=_inspect)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")

@@ -26,6 +26,14 @@ class UnknownNameError(LatentWireError, KeyError):
         return type(self), (self.kind, self.name, self.valid)
 
 
+class ModelNotFoundError(LatentWireError):
+    """A model name that is neither bundled, nor a local folder, nor reachable as a hub id."""
+
+
+class DeviceError(LatentWireError, ValueError):
+    """A device that does not exist here, or a dtype the device cannot run; the message says what to do."""
+
+
 class UnsupportedRopeError(LatentWireError):
     """A RoPE variant whose rotation is not a fixed function of position (it cannot be re-rotated exactly)."""
 

@@ -94,8 +94,8 @@ def rotate_keys(keys: torch.Tensor, delta: torch.Tensor, spec: RopeSpec) -> torc
         raise UnsupportedRopeError(f"rotary dim {rd} exceeds head dim {keys.shape[-1]}")
     if not torch.any(delta != 0):
         return keys.clone()
-    inv_freq = torch.tensor(spec.inv_freq, dtype=torch.float64)  # (R/2,)
-    angles = delta.to(torch.float64)[:, None] * inv_freq[None, :]  # (T, R/2)
+    inv_freq = torch.tensor(spec.inv_freq, dtype=torch.float64, device=keys.device)  # (R/2,)
+    angles = delta.to(keys.device, torch.float64)[:, None] * inv_freq[None, :]  # (T, R/2)
     angles = torch.cat((angles, angles), dim=-1)  # (T, R)
     cos, sin = angles.cos(), angles.sin()  # pure rotation: no attention_scaling here
     rot, rest = keys[..., :rd].to(torch.float64), keys[..., rd:]

@@ -132,6 +132,9 @@ class KVState:
 
     def __post_init__(self):
         _check(self.positions.dtype == torch.int64 and self.positions.dim() == 1, "positions: want (T,) int64")
+        devices = {t.device for t in (self.positions, self.token_ids, self.latents)} | {
+            t.device for layer in self.layers for t in (layer.keys, layer.values, layer.positions)}
+        _check(len(devices) == 1, f"tensors on several devices {sorted(map(str, devices))}; use .to(device)")
         g, T = self.geometry, self.positions.shape[0]
         _check(T == 0 or bool(torch.all(self.positions[1:] > self.positions[:-1])),
                "positions: must be strictly increasing")
@@ -165,6 +168,20 @@ class KVState:
         return self.latents.dtype
 
     @property
+    def device(self) -> torch.device:
+        return self.latents.device
+
+    def to(self, device: str | torch.device | None = None, dtype: torch.dtype | None = None) -> "KVState":
+        """The same state on another device and/or with keys, values and latents cast to `dtype`."""
+        dtype = dtype or self.dtype
+        move = lambda t: t.to(device)  # noqa: E731  (ids and positions keep int64)
+        cast = lambda t: t.to(device, dtype)  # noqa: E731
+        layers = tuple(LayerKV(cast(l.keys), cast(l.values), move(l.positions)) for l in self.layers)
+        hidden = None if self.last_hidden is None else self.last_hidden.to(device, dtype)
+        return self._replace(layers=layers, positions=move(self.positions), token_ids=move(self.token_ids),
+                             latents=cast(self.latents), last_hidden=hidden)
+
+    @property
     def nbytes(self) -> int:
         """Bytes of the KV tensors alone (what a full-KV message must move)."""
         return sum(t.numel() * t.element_size() for layer in self.layers for t in (layer.keys, layer.values))
@@ -181,7 +198,7 @@ class KVState:
     # -- row operations ----------------------------------------------------------------------
     def select(self, rows: Sequence[int] | torch.Tensor) -> "KVState":
         """Keep the given row indices (any order, duplicates ignored); positions are kept, not compacted."""
-        idx = torch.unique(torch.as_tensor(rows, dtype=torch.int64))  # sorted
+        idx = torch.unique(torch.as_tensor(rows, dtype=torch.int64, device=self.device))  # sorted
         if idx.numel() and (idx[0] < 0 or idx[-1] >= len(self)):
             raise IndexError(f"row index out of range for a state of {len(self)} rows")
         keep = self.positions[idx]
@@ -196,7 +213,7 @@ class KVState:
 
     def rerotate(self, new_positions: Sequence[int] | torch.Tensor) -> "KVState":
         """Move every row to a new absolute position, re-rotating keys exactly. Values are unchanged."""
-        new = torch.as_tensor(new_positions, dtype=torch.int64)
+        new = torch.as_tensor(new_positions, dtype=torch.int64, device=self.device)
         if new.shape != self.positions.shape:
             raise ValueError(f"want {len(self)} new positions, got {tuple(new.shape)}")
         delta = new - self.positions  # (T,)
@@ -213,11 +230,11 @@ class KVState:
 
     def compact(self, start: int = 0) -> "KVState":
         """Re-rotate rows onto consecutive positions start, start+1, ... (closing any gaps)."""
-        return self.rerotate(torch.arange(start, start + len(self)))
+        return self.rerotate(torch.arange(start, start + len(self), device=self.device))
 
     @property
     def is_compact(self) -> bool:
-        return torch.equal(self.positions, torch.arange(len(self)))
+        return torch.equal(self.positions, torch.arange(len(self), device=self.device))
 
     @classmethod
     def concat(cls, states: Sequence["KVState"]) -> "KVState":
@@ -258,7 +275,7 @@ class KVState:
             kind = self.geometry.layer(i)
             keys, values = layer.keys, layer.values
             if kind.attention == "sliding":
-                need = torch.arange(max(0, T - kind.window + 1), T)
+                need = torch.arange(max(0, T - kind.window + 1), T, device=self.device)
                 have = torch.isin(layer.positions, need)
                 if int(have.sum()) != need.numel():
                     raise StateFormatError(
@@ -281,11 +298,12 @@ class KVState:
                    latents: torch.Tensor | None = None, last_hidden: torch.Tensor | None = None,
                    start: int = 0) -> "KVState":
         """Read a batch-1 cache of T rows computed at positions start..start+T-1 (sliding layers: their last rows)."""
-        token_ids = torch.as_tensor(token_ids, dtype=torch.int64).reshape(-1)
-        T = token_ids.shape[0]
         if len(cache.layers) != geometry.num_layers:
             raise GeometryMismatchError(f"cache has {len(cache.layers)} layers, geometry {geometry.num_layers}")
-        positions, layers = torch.arange(start, start + T), []
+        device = cache.layers[0].keys.device if cache.layers else None
+        token_ids = torch.as_tensor(token_ids, dtype=torch.int64, device=device).reshape(-1)
+        T = token_ids.shape[0]
+        positions, layers = torch.arange(start, start + T, device=device), []
         for i, cl in enumerate(cache.layers):
             if cl.keys.shape[0] != 1:
                 raise StateFormatError(f"layers.{i}: batch size {cl.keys.shape[0]}; a state holds one sequence")
@@ -299,8 +317,8 @@ class KVState:
             layers.append(LayerKV(cl.keys[0], cl.values[0], positions[T - n:]))
         dtype = layers[0].keys.dtype if layers else torch.float32
         if latents is None:
-            latents = torch.empty(0, geometry.hidden_size, dtype=dtype)
-        return cls(geometry, tuple(layers), positions, token_ids, latents.to(dtype), last_hidden)
+            latents = torch.empty(0, geometry.hidden_size, dtype=dtype, device=device)
+        return cls(geometry, tuple(layers), positions, token_ids, latents.to(device, dtype), last_hidden)
 
     # -- canonical bytes ---------------------------------------------------------------------
     def to_bytes(self) -> bytes:

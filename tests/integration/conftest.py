@@ -1,4 +1,9 @@
-"""Integration tier: the real bundled SmolLM2, loaded once per session (its cache is built on first use)."""
+"""Integration tier: the real bundled SmolLM2, loaded once per session (its cache is built on first use).
+
+The shared fixture is fp32 on purpose: several tests here compare states bit-for-bit against the
+model's own fp32 forward (exactness to 1e-4). The bf16 default path has its own tests (test_bf16.py)
+with bf16 tolerances (docs/precision.md).
+"""
 import pytest
 from transformers.utils import logging as hf_logging
 
@@ -8,4 +13,4 @@ from latentwire.agent import Agent
 @pytest.fixture(scope="session")
 def smollm2() -> Agent:
     hf_logging.disable_progress_bar()
-    return Agent.from_pretrained("smollm2-135m")
+    return Agent.from_pretrained("smollm2-135m", dtype="float32")

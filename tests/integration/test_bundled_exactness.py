@@ -36,7 +36,7 @@ def _float64_rope(rotary) -> None:
 
 @pytest.mark.parametrize("name", list(ZOO))
 def test_rerotation_exact_on_real_model(name):
-    agent = Agent.from_pretrained(name)
+    agent = Agent.from_pretrained(name, dtype="float32")
     agent.model.double()
     _float64_rope(agent.model.model.rotary_emb)
     ids = torch.tensor(agent.chat_ids(" ".join(DOCUMENTS * 4)))

@@ -27,6 +27,7 @@ class TokenizerAgent:
 
     chat_text = Agent.chat_text
     chat_ids = Agent.chat_ids
+    device = torch.device("cpu")  # where the alignment's index tensors go
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer

@@ -20,7 +20,8 @@ from latentwire.bench.tasks import DATA_DIR, SEED, TASKS, generate, load_task, t
 from latentwire.errors import UnknownNameError
 
 REPO = Path(__file__).resolve().parents[2]
-STDLIB = REPO / "tasks" / "stdlib"
+PKG_TASKS = REPO / "src" / "latentwire" / "bench" / "tasks"  # data/ and stdlib/ are package data
+STDLIB = PKG_TASKS / "stdlib"
 NAMES = ("code", "facts", "reasoning")
 
 
@@ -38,9 +39,9 @@ def committed():
 
 def test_registry_and_paths():
     assert sorted(TASKS) == list(NAMES)
-    assert DATA_DIR == REPO / "tasks" / "data"
+    assert DATA_DIR == PKG_TASKS / "data"
     for name in NAMES:
-        assert task_path(name) == REPO / "tasks" / "data" / f"{name}.jsonl" and task_path(name).is_file()
+        assert task_path(name) == PKG_TASKS / "data" / f"{name}.jsonl" and task_path(name).is_file()
     with pytest.raises(UnknownNameError, match="valid: code, facts, reasoning"):
         load_task("fact")
     with pytest.raises(UnknownNameError):

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from latentwire.agent import Agent
-from latentwire.errors import ConfigError, UnknownNameError
+from latentwire.errors import ConfigError, ModelNotFoundError, UnknownNameError
 from latentwire.merge import FragmentSet
 from latentwire.protocols import get_protocol
 from latentwire.transport import (AgentSpec, InProcessTransport, Node, NodeConfig, NodeLostError, anti_entropy,
@@ -278,7 +278,7 @@ def test_ray_demo_attaches_to_served_agents(ray_t):
 def test_ray_agent_that_fails_to_load_is_a_typed_error(ray_t):
     """The actor's typed error crosses the process boundary as itself (errors are picklable)."""
     ray_t.add("broken", AgentSpec.pretrained("no-such-model"))
-    with pytest.raises(UnknownNameError, match="unknown model 'no-such-model'; valid: .*smollm2-135m"):
+    with pytest.raises(ModelNotFoundError, match="'no-such-model'.*bundled name.*smollm2-135m"):
         ray_t.ready()
     assert "broken" not in ray_t.nodes
 

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from latentwire import cli
-from latentwire.errors import ModelNotInstalledError, UnknownNameError
+from latentwire.errors import ModelNotFoundError, ModelNotInstalledError, UnknownNameError
 from latentwire.models import ZOO, get_zoo_model, load, load_gguf
 from latentwire.models import zoo
 
@@ -17,9 +17,33 @@ def test_unknown_model_lists_valid_names():
         assert name in str(e.value)
 
 
-def test_unknown_name_is_not_mistaken_for_a_directory(tmp_path):
-    with pytest.raises(UnknownNameError):
+def test_missing_folder_is_a_typed_error_not_a_hub_lookup(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="does not exist.*bundled name"):
         load(str(tmp_path / "nothing-here"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelNotFoundError, match="has no config.json"):
+        load(str(tmp_path / "empty"))
+
+
+def test_unknown_name_goes_to_the_hub_and_offline_says_the_ways_out(monkeypatch):
+    """Not bundled, not a folder: a hub id. Offline (the user's choice) and not cached -> one typed error."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ModelNotFoundError) as e:
+        load("latentwire-test/no-such-model")
+    msg = str(e.value)
+    assert "'latentwire-test/no-such-model'" in msg and "offline" in msg
+    assert all(name in msg for name in ZOO) and "local Hugging Face folder" in msg and "network" in msg
+
+
+def test_library_never_sets_offline_mode(monkeypatch, tmp_path):
+    import os
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(ModelNotFoundError):
+        load(str(tmp_path / "nothing-here"))
+    assert "HF_HUB_OFFLINE" not in os.environ
 
 
 @pytest.mark.parametrize("name", list(ZOO))
@@ -59,4 +83,4 @@ def test_models_command_lists_geometry(capsys, monkeypatch, tmp_path):
 
 def test_cli_reports_typed_errors(capsys):
     assert cli.main(["demo", "--model", "no-such-model"]) == 2
-    assert "UnknownNameError" in capsys.readouterr().err
+    assert "ModelNotFoundError" in capsys.readouterr().err

@@ -18,16 +18,16 @@ from ..errors import ConfigError, LatentWireError
 from ..protocols.base import Outcome
 from ..protocols.pair import PairProtocol, get_pair_protocol
 from .metrics import answer_scores
-from .runner import _memory, check_resume, finished, parse_protocols, write_config
+from .runner import _memory, check_resume, finished, parse_protocols, placement_record, write_config
 from .tasks.pairs import Pair, pairs
 
 RECORDS, CONFIG = "records.jsonl", "config.json"
-_KEYS = ("sharer", "receiver", "task", "split", "n", "seed")
+_KEYS = ("sharer", "receiver", "task", "split", "n", "seed", "device", "dtype")
 
 
 def run_pairs(sharer_name: str, receiver_name: str, task: str, protocols: str, n: int, out_dir: str | Path,
               seed: int = 0, split: str = "test", sharer: Agent | None = None, receiver: Agent | None = None,
-              progress: bool = True) -> Path:
+              progress: bool = True, device: str | None = None, dtype: str | None = None) -> Path:
     """Run every protocol of `protocols` ("alone,translated(checkpoint='...')") on `n` pairs; returns out_dir.
 
     Protocols are parsed and built (checkpoints read) before any model loads, so a bad spec fails fast.
@@ -43,6 +43,7 @@ def run_pairs(sharer_name: str, receiver_name: str, task: str, protocols: str, n
     todo_pairs = pairs(task, split, n, seed)
     config = {"sharer": sharer_name, "receiver": receiver_name, "task": task, "split": split, "n": n, "seed": seed,
               "protocols": {label: {"name": name, "params": params} for label, (name, params) in specs.items()}}
+    config |= placement_record(device, dtype, receiver)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     cfg_path, rec_path = out_dir / CONFIG, out_dir / RECORDS
@@ -50,8 +51,9 @@ def run_pairs(sharer_name: str, receiver_name: str, task: str, protocols: str, n
     done = finished(rec_path, "pair")
     if all((p.id, label) in done for label in built for p in todo_pairs):
         return out_dir
-    sharer = sharer or Agent.from_pretrained(sharer_name)
-    receiver = receiver or (sharer if receiver_name == sharer_name else Agent.from_pretrained(receiver_name))
+    load = lambda name: Agent.from_pretrained(name, device=config["device"], dtype=config["dtype"])  # noqa: E731
+    sharer = sharer or load(sharer_name)
+    receiver = receiver or (sharer if receiver_name == sharer_name else load(receiver_name))
     with rec_path.open("a", encoding="utf-8") as f:
         for label, protocol in built.items():
             todo = [p for p in todo_pairs if (p.id, label) not in done]

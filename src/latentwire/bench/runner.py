@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..agent import Agent
 from ..errors import ConfigError, LatentWireError
+from ..placement import cpu_bf16_flags, dtype_name, resolve
 from ..protocols import Outcome, Protocol, get_protocol
 from .episode import Episode, load_episodes, span_token_positions
 from .metrics import answer_scores, evidence_recall
@@ -67,11 +68,22 @@ class RunConfig:
     n: int | None = None  # episodes (a seeded sample, the same for every protocol); None = all
     seed: int = 0
     filters: dict = field(default_factory=dict)  # meta key -> required value, e.g. {"hops": 2}
+    device: str | None = None  # None = placement.resolve's default (CUDA if available, else CPU)
+    dtype: str | None = None  # None = bf16 where the device runs it natively, else fp32
 
-    def resolved(self) -> dict:
+    def resolved(self, agent: Agent | None = None) -> dict:
+        """The config with protocols parsed and device/dtype as they will run (the given agent's, if any)."""
         d = asdict(self)
         d["protocols"] = {label: {"name": n, "params": p} for label, (n, p) in parse_protocols(self.protocols).items()}
-        return d
+        return d | placement_record(self.device, self.dtype, agent)
+
+
+def placement_record(device, dtype, agent: Agent | None = None) -> dict:
+    """{"device", "dtype", "placement"}: what a run uses; validated (DeviceError) before anything loads."""
+    if agent is not None:
+        return {"device": str(agent.device), "dtype": dtype_name(agent.dtype), "placement": "agent given"}
+    place = resolve(device, dtype)
+    return {"device": str(place.device), "dtype": dtype_name(place.dtype), "placement": place.reason}
 
 
 def parse_filters(items: list[str], what: str = "filter") -> dict:
@@ -117,6 +129,8 @@ def environment() -> dict:
     return {"latentwire": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "git": git, "machine": platform.machine(),
             "processor": platform.processor(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "cpu_bf16": list(cpu_bf16_flags()),
+            "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
 
 
@@ -150,15 +164,15 @@ def run(config: RunConfig, out_dir: str | Path, progress: bool = True, agent: Ag
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    resolved = config.resolved()
+    resolved = config.resolved(agent)
     cfg_path, rec_path = out_dir / "config.json", out_dir / "records.jsonl"
-    keys = ("task", "model", "n", "seed", "filters")
+    keys = ("task", "model", "n", "seed", "filters", "device", "dtype")
     first = check_resume(cfg_path, resolved, keys)
     protocols = {label: get_protocol(spec["name"], **spec["params"]) for label, spec in resolved["protocols"].items()}
     episodes = select_episodes(load_task_episodes(config.task), config.n, config.seed, config.filters)
     write_config(cfg_path, first, resolved, {"episodes": [e.id for e in episodes]})
     done = finished(rec_path, "episode")
-    agent = agent or Agent.from_pretrained(config.model)
+    agent = agent or Agent.from_pretrained(config.model, device=resolved["device"], dtype=resolved["dtype"])
     with rec_path.open("a", encoding="utf-8") as f:
         for label, protocol in protocols.items():
             todo = [e for e in episodes if (e.id, label) not in done]

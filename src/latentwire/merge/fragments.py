@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
 
+import torch
+
 from ..errors import GeometryMismatchError, StateFormatError
 from ..state import Geometry, KVState, canonical_json, check_format
 
@@ -65,6 +67,16 @@ class Fragment:
 
     def __repr__(self) -> str:
         return f"Fragment({self.digest[:12]}, rows={len(self)}, model={self.geometry.model!r})"
+
+    def to(self, device: torch.device | str) -> "Fragment":
+        """The same fragment with its state on `device`: the digest is kept (canonical bytes do not
+        depend on where the tensors live), so nothing is re-serialised."""
+        if self.state.device == torch.device(device):
+            return self
+        out = object.__new__(Fragment)
+        object.__setattr__(out, "state", self.state.to(device))
+        object.__setattr__(out, "digest", self.digest)
+        return out
 
 
 class FragmentSet:

@@ -2,9 +2,11 @@
 
 The first load of a bundled model dequantises its GGUF (15-50 s) and writes the fp32 weights,
 config and tokenizer as a plain HF folder under the cache directory; every later load reads that
-folder (a few seconds). Nothing touches a model hub.
+folder (a few seconds). Nothing touches a model hub for the bundled models.
 
-Cache directory: $LATENTWIRE_CACHE, else ~/.cache/latentwire.
+Cache directory: $LATENTWIRE_CACHE, else ~/.cache/latentwire. The cached weights are fp32; `load`
+casts them to the requested dtype. Names that are neither bundled nor a local folder go to
+`from_pretrained` as hub ids, online or offline as the user's environment says.
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from typing import Callable
 
 import torch
 
-from ..errors import ModelNotInstalledError, UnknownNameError
+from ..errors import ModelNotFoundError, ModelNotInstalledError, UnknownNameError
+from ..placement import resolve
 
 DEFAULT_MODEL = "smollm2-135m"
 _MARKER = "latentwire-cache.json"
@@ -127,8 +130,9 @@ def load_gguf(name: str, dtype: torch.dtype = torch.float32):
     entry.check_installed()
     with tempfile.TemporaryDirectory(prefix="latentwire-gguf-") as d:
         path = entry.locate(Path(d))
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                     local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
         if entry.arch == "gemma3":
             tokenizer = _gemma_tokenizer(path, tokenizer)
     return model.eval(), tokenizer
@@ -193,24 +197,71 @@ def build_cache(name: str) -> Path:
     return entry.cache_dir
 
 
-def load(name_or_path: str = DEFAULT_MODEL, dtype: torch.dtype = torch.float32):
-    """Load a bundled model by name (building its cache on first use) or a local HF model directory.
+def _is_pathlike(name: str) -> bool:
+    return name.startswith(("/", "./", "../", "~")) or os.sep in name.rstrip(os.sep) and Path(name).parent.exists()
 
+
+def resolve_source(name_or_path: str) -> tuple[str | Path, str, bool]:
+    """Where a model name points: (what to pass to `from_pretrained`, the name states carry, local only).
+
+    A bundled name (its cache is built on first use), else a local HF folder, else a hub id. The
+    library never sets offline mode: a hub id is fetched (or read from the HF cache) as the user's
+    environment allows.
+    """
+    if name_or_path in ZOO:
+        entry = ZOO[name_or_path]
+        if not entry.cached:
+            build_cache(entry.name)
+        return entry.cache_dir, entry.name, True
+    path = Path(name_or_path).expanduser()
+    if path.is_dir() and (path / "config.json").exists():
+        return path, path.name, True
+    if path.exists() or _is_pathlike(name_or_path):
+        what = "has no config.json" if path.is_dir() else "is not a folder" if path.exists() else "does not exist"
+        raise ModelNotFoundError(f"model folder {name_or_path!r} {what}; a local model is a Hugging Face folder "
+                                 f"(config.json + weights), or use a bundled name ({', '.join(ZOO)})")
+    return name_or_path, name_or_path, False
+
+
+def _hub_resolvable() -> bool:
+    """Whether the hub's host name resolves (DNS only, no request): without it every hub call fails."""
+    import socket
+    from urllib.parse import urlparse
+
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    try:
+        socket.getaddrinfo(urlparse(constants.ENDPOINT).hostname or "", 443)
+        return True
+    except (OSError, UnicodeError):
+        return False
+
+
+def load(name_or_path: str = DEFAULT_MODEL, dtype: str | torch.dtype | None = None,
+         device: str | torch.device | None = None):
+    """Load a model by bundled name (building its cache on first use), local HF folder or hub id.
+
+    `dtype` / `device`: as `placement.resolve` (None = the default for this machine). The weights are
+    loaded in `dtype` and moved to `device`; the placement is validated before anything is read.
     Returns (model, tokenizer, name) with the model in eval mode.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    place = resolve(device, dtype)
     hf_logging.disable_progress_bar()  # a per-tensor bar for a 2 s local load is noise
-    path = Path(name_or_path).expanduser()
-    if name_or_path not in ZOO and path.is_dir() and (path / "config.json").exists():
-        folder, name = path, path.name
-    else:
-        entry = get_zoo_model(name_or_path)
-        if not entry.cached:
-            build_cache(entry.name)
-        folder, name = entry.cache_dir, entry.name
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    return model.eval(), tokenizer, name
+    source, name, local = resolve_source(name_or_path)
+    if not local and not _hub_resolvable():
+        local = True  # no route to the hub: read the HF cache now instead of 25 s of retries, then fail
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=place.dtype, local_files_only=local)
+    except OSError as e:  # transformers raises OSError (or subclasses) for missing / unreachable repos
+        raise ModelNotFoundError(
+            f"model {name_or_path!r} is not a bundled name, not a local folder, and could not be loaded as a "
+            f"hub id ({'offline: not in the local HF cache' if local else 'no such repository or no access'}: "
+            f"{str(e).splitlines()[0][:200]}). Ways out: a bundled name ({', '.join(ZOO)}), a local Hugging Face "
+            f"folder, or network access to the hub (HF_TOKEN for gated models).") from e
+    return model.to(place.device).eval(), tokenizer, name

@@ -101,8 +101,9 @@ def document_rows(sender: Agent, document: str, n_rows: int) -> tuple[list[tuple
     receiver re-prefills inside its own template.
     """
     per_row = token_document_spans(sender, sender.chat_text(SENDER_PROMPT.format(document=document)), document)
-    eligible = torch.zeros(n_rows, dtype=torch.bool)
-    eligible[: len(per_row)] = torch.tensor([span is not None for span in per_row])
+    eligible = torch.zeros(n_rows, dtype=torch.bool, device=sender.device)  # with the sender's state
+    eligible[: len(per_row)] = torch.tensor([span is not None for span in per_row], dtype=torch.bool,
+                                            device=sender.device)
     return per_row, eligible
 
 

@@ -89,8 +89,10 @@ def _hop_rows(sender: Agent, document: str, index: int, message: Rows, origins: 
     doc_origin: list[Origin] = [(index, s) if s else None
                                 for s in token_document_spans(sender, text.split(SLOT)[1], document)]
     row_origin = [None] * len(pre) + list(origins) + doc_origin
-    eligible = torch.zeros(n_rows, dtype=torch.bool)
-    inherited = torch.arange(len(pre), len(pre) + len(message))
-    eligible[inherited] = message.token_ids >= 0  # inherited token rows may be dropped; latent rows are kept
-    eligible[len(pre) + len(message):len(row_origin)] = torch.tensor([o is not None for o in doc_origin])
+    device = sender.device  # with the sender's state (the message may come from another device)
+    eligible = torch.zeros(n_rows, dtype=torch.bool, device=device)
+    # inherited token rows may be dropped; latent rows are kept
+    eligible[len(pre):len(pre) + len(message)] = (message.token_ids >= 0).to(device)
+    eligible[len(pre) + len(message):len(row_origin)] = torch.tensor([o is not None for o in doc_origin],
+                                                                     dtype=torch.bool, device=device)
     return row_origin, eligible

@@ -41,8 +41,12 @@ class PackLLM(Protocol):
             raise UnknownNameError("perplexity scope", self.scope, SCOPES)
 
     def weights(self, nll: Sequence[torch.Tensor]) -> torch.Tensor:
-        """(M,) fusion weights from each agent's per-token NLL over the scored tokens."""
-        log_ppl = torch.stack([x.double().mean() if len(x) else torch.zeros((), dtype=torch.float64) for x in nll])
+        """(M,) float64 fusion weights from each agent's per-token NLL over the scored tokens, on the first
+        agent's device (the agents' NLLs may live on different devices)."""
+        if not len(nll):
+            raise ValueError("packllm weights need at least one agent's NLL")
+        log_ppl = torch.tensor([float(x.double().mean()) if len(x) else 0.0 for x in nll], dtype=torch.float64,
+                               device=nll[0].device)
         return torch.softmax(-log_ppl / self.tau, dim=0)
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
@@ -65,9 +69,9 @@ class PackLLM(Protocol):
             seconds.append(time.perf_counter() - t)
         w = self.weights(nll)
         t1 = time.perf_counter()
-        stop, out = pairs[0][0].stop_ids, []
+        stop, out, device = pairs[0][0].stop_ids, [], streams[0].logprobs.device
         for i in range(self.max_new_tokens):
-            fused = sum(float(wi) * s.logprobs for wi, s in zip(w, streams))  # (V,)
+            fused = sum(float(wi) * s.logprobs.to(device) for wi, s in zip(w.tolist(), streams))  # (V,)
             tok = int(fused.argmax())
             if tok in stop:
                 break
@@ -89,4 +93,5 @@ def _question_nll(agent: Agent, stream, prompt: str, question: str) -> torch.Ten
     start = text.rfind(question)
     offsets = agent.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     rows = [k for k, (a, b) in enumerate(offsets) if k > 0 and a < start + len(question) and b > start]
-    return stream.prompt_nll[torch.tensor(rows, dtype=torch.int64) - 1]  # nll[k - 1] scores token k
+    index = torch.tensor(rows, dtype=torch.int64, device=stream.prompt_nll.device) - 1
+    return stream.prompt_nll[index]  # nll[k - 1] scores token k

@@ -138,16 +138,18 @@ class FullContext(PairProtocol):
                        {"receiver_prefill_s": prefill_s, "answer_s": answer_s})
 
 
-_LOADED: dict[tuple[str, int], Translator] = {}  # (resolved checkpoint folder, weights mtime) -> translator
+# (resolved checkpoint folder, weights mtime, device) -> translator
+_LOADED: dict[tuple[str, int, str], Translator] = {}
 
 
-def load_translator(checkpoint: str | Path) -> Translator:
-    """A checkpoint's translator, loaded once per folder (reloaded if its weights file changes)."""
+def load_translator(checkpoint: str | Path, device: torch.device | None = None) -> Translator:
+    """A checkpoint's translator on `device` (None: where `load` puts it), loaded once per folder and
+    device (reloaded if its weights file changes)."""
     folder = Path(checkpoint).resolve()
     weights = folder / WEIGHTS
-    key = (str(folder), weights.stat().st_mtime_ns if weights.exists() else -1)
+    key = (str(folder), weights.stat().st_mtime_ns if weights.exists() else -1, str(device))
     if key not in _LOADED:
-        _LOADED[key] = load(folder)
+        _LOADED[key] = load(folder, device=device)
     return _LOADED[key]
 
 
@@ -180,7 +182,7 @@ class Translated(PairProtocol):
         return load_translator(self.checkpoint)
 
     def run(self, sharer, receiver, sharer_doc, receiver_doc, question) -> Outcome:
-        translator = self.translator
+        translator = load_translator(self.checkpoint, receiver.device)  # it writes into the receiver's cache
         translator.check_pair(sharer.geometry, receiver.geometry)  # GeometryMismatchError naming both pairs
         fields = needs(translator.name, self.context_aware)
         own_s, own_r = own_prompt(sharer_doc, question), own_prompt(receiver_doc, question)

@@ -137,6 +137,13 @@ def _model_restored(model, attn_implementation: str | None):
                 delattr(layer.self_attn, "rotary_emb")
 
 
+def _on_model_device(agent: Agent):
+    """The model's device as torch's default while kvpress's own code runs: it makes some tensors on the
+    default device and moves them after (ObservedAttentionPress: `torch.arange(n).to(attentions.device)`),
+    which would otherwise be a host round trip on every layer, or fail under another default device."""
+    return torch.device(agent.device)
+
+
 def _global_layers(state: KVState) -> list[int]:
     return [i for i, t in enumerate(state.geometry.layer_types) if t == "global"]
 
@@ -154,12 +161,12 @@ def record_prefill_scores(agent: Agent, state: KVState, press: "BasePress",
                           attn_implementation: str | None = None) -> tuple[torch.Tensor, float, float]:
     """Prefill the state's token rows with `press` recording: (n,) row scores, wall seconds, press seconds."""
     agent.geometry.check_same(state.geometry)
-    ids = state.token_ids[~state.is_latent]
+    ids = state.token_ids[~state.is_latent].to(agent.device)  # kvpress runs on the model: ids go there
     layers = _global_layers(state)
     rec = recording_press(press, layers)
     model = agent.model
     t0 = time.perf_counter()
-    with _quiet_kvpress(), _model_restored(model, attn_implementation), rec(model):
+    with _quiet_kvpress(), _model_restored(model, attn_implementation), _on_model_device(agent), rec(model):
         agent._forward(DynamicCache(config=model.config), 0, ids=ids)
     return _aggregate(rec.scores, layers), time.perf_counter() - t0, rec.seconds
 
@@ -201,16 +208,16 @@ def kvzip_scores(agent: Agent, state: KVState, chunk_size: int = 2048,
     agent.geometry.check_same(state.geometry)
     _refuse_sliding(agent, state)
     rows = torch.nonzero(~state.is_latent).flatten()
-    ids = state.token_ids[rows]
+    ids = state.token_ids[rows].to(agent.device)  # everything handed to kvpress lives on the model's device
     model = agent.model
     prefix, suffix = _kvzip_template(agent.tokenizer)
     t0 = time.perf_counter()
-    with _quiet_kvpress(), _model_restored(model, None):
+    with _quiet_kvpress(), _model_restored(model, None), _on_model_device(agent):
         press = _kv().KVzipPress(compression_ratio=0.0, chunk_size=chunk_size, kvzip_plus_normalization=plus)
         # As KVzipPress.__call__ after the context prefill: the template prefix is not re-read (it is
         # only skipped when the state really starts with it), the suffix closes the repeat prompt.
         press.prefix_length = len(prefix) if ids[:len(prefix)].tolist() == prefix else 0
-        press._suffix_ids = torch.tensor([suffix], dtype=torch.long)
+        press._suffix_ids = torch.tensor([suffix], dtype=torch.long, device=agent.device)
         press._context_ids = ids[None]
         press._cache = state.select(rows).compact().to_cache()
         try:
@@ -223,10 +230,10 @@ def kvzip_scores(agent: Agent, state: KVState, chunk_size: int = 2048,
 
 def _with_latents(state: KVState, token_scores: torch.Tensor) -> torch.Tensor:
     """(n,) token-row scores -> (T,): latent rows get the token rows' max (0 when there are none)."""
-    out = torch.zeros(len(state), dtype=torch.float64)
+    out = torch.zeros(len(state), dtype=torch.float64, device=state.device)
     tok = ~state.is_latent
     if token_scores.numel():
-        out[tok] = token_scores.double()
+        out[tok] = token_scores.to(state.device, torch.float64)
         out[state.is_latent] = float(token_scores.max())
     return out
 

@@ -156,7 +156,7 @@ class PressSelector(Selector):
         if n < 2:  # nothing to rank
             agent.geometry.check_same(state.geometry)
             self.last_seconds = self.last_press_seconds = 0.0
-            return torch.zeros(len(state), dtype=torch.float64)
+            return torch.zeros(len(state), dtype=torch.float64, device=state.device)
         scores, self.last_seconds, self.last_press_seconds = record_prefill_scores(
             agent, state, self.make_press(n), self.attn_implementation)
         return _with_latents(state, scores)
@@ -259,6 +259,6 @@ class KVzipSelector(Selector):
         agent.geometry.check_same(state.geometry)
         _refuse_sliding(agent, state)
         if int((~state.is_latent).sum()) < 2:  # nothing to rank
-            return torch.zeros(len(state), dtype=torch.float64)
+            return torch.zeros(len(state), dtype=torch.float64, device=state.device)
         scores, self.last_press_seconds = kvzip_scores(agent, state, self.chunk_size, self.plus)
         return _with_latents(state, scores)

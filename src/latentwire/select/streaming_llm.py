@@ -26,6 +26,6 @@ class StreamingLLMSelector(Selector):
 
     def score(self, agent: Agent, state: KVState, query: str) -> torch.Tensor:
         T = len(state)
-        scores = torch.arange(T, dtype=torch.float64) / max(T, 1)  # recency
+        scores = torch.arange(T, dtype=torch.float64, device=state.device) / max(T, 1)  # recency
         scores[: self.sinks] = 2.0
         return scores

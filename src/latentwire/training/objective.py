@@ -29,12 +29,13 @@ def answer_ids(agent: Agent, question: str, answer: str) -> tuple[list[int], lis
 def answer_loss(agent: Agent, state: KVState, question: str, answer: str) -> torch.Tensor:
     """Mean NLL of the answer tokens after `state` + the question prompt; differentiable w.r.t. the state."""
     prompt, ans = answer_ids(agent, question, answer)
-    ids = torch.tensor(prompt + ans)
+    device = agent.device
+    ids = torch.tensor(prompt + ans, dtype=torch.int64, device=device)
     T = len(state)
     agent.geometry.check_same(state.geometry)
     cache = (state if state.is_compact else state.compact()).to_cache()
-    out = agent.model.model(input_ids=ids[None], past_key_values=cache, position_ids=torch.arange(T, T + len(ids))[None],
-                            use_cache=True)
+    out = agent.model.model(input_ids=ids[None], past_key_values=cache,
+                            position_ids=torch.arange(T, T + len(ids), device=device)[None], use_cache=True)
     hidden = out.last_hidden_state[0, len(prompt) - 1:-1]  # (n_ans, d): each predicts the next answer token
     logits = agent.logits(hidden).float()
-    return torch.nn.functional.cross_entropy(logits, torch.tensor(ans))
+    return torch.nn.functional.cross_entropy(logits, ids[len(prompt):])

@@ -2,7 +2,7 @@
 
 Both models are frozen, so a (model, prompt) pair always gives the same state: the cache keys files by
 SHA-256 of (model, tokenizer fingerprint, prompt) and stops writing once the folder reaches its size
-limit (later states are then computed on the fly). Reads come back in float32.
+limit (later states are then computed on the fly). Reads come back in float32, on the agent's device.
 """
 from __future__ import annotations
 
@@ -36,9 +36,9 @@ class StateCache:
         path = self._path(agent, prompt)
         if path.exists():
             self.hits += 1
-            state = KVState.from_bytes(path.read_bytes())
+            state = KVState.from_bytes(path.read_bytes())  # host tensors: moved to the agent's device
             agent.geometry.check_same(state.geometry)
-            return cast(state, torch.float32)
+            return cast(state, torch.float32, agent.device)
         self.misses += 1
         state = agent.prefill(prompt)
         data = cast(state, torch.bfloat16).to_bytes()

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy
 import safetensors.torch
 import torch
 
@@ -50,6 +51,8 @@ class TrainConfig:
     eval_every: int = 50
     seed: int = 0
     params: dict = field(default_factory=dict)  # the translator's config fields
+    device: str | None = None  # where the frozen models run; None = placement.resolve's default
+    dtype: str | None = None  # the frozen models' dtype; translators train in float32 either way
 
     def __post_init__(self):
         if self.method not in TRANSLATORS:
@@ -102,16 +105,19 @@ def train(cfg: TrainConfig, out: str | Path, sharer: Agent | None = None, receiv
     log = _resume_log(out, cfg)
     if log["step"] >= cfg.steps:
         return out
-    sharer = sharer or Agent.from_pretrained(cfg.sharer)
-    receiver = receiver or (sharer if cfg.receiver == cfg.sharer else Agent.from_pretrained(cfg.receiver))
+    sharer = sharer or Agent.from_pretrained(cfg.sharer, device=cfg.device, dtype=cfg.dtype)
+    receiver = receiver or (sharer if cfg.receiver == cfg.sharer else
+                            Agent.from_pretrained(cfg.receiver, device=cfg.device, dtype=cfg.dtype))
     for agent in {id(sharer): sharer, id(receiver): receiver}.values():
         agent.model.requires_grad_(False)
     cache = cache or StateCache()
     train_pairs, val_pairs = data(cfg)
+    # The translator trains where it writes: on the receiver's device, its parameters in float32.
     if log["step"]:
-        translator = load(out).train()
+        translator = load(out, device=receiver.device).to(dtype=torch.float32).train()
     else:
-        translator = build(cfg.method, sharer.geometry, receiver.geometry, seed=cfg.seed, **cfg.params).train()
+        translator = build(cfg.method, sharer.geometry, receiver.geometry, seed=cfg.seed, **cfg.params)
+        translator = translator.to(device=receiver.device, dtype=torch.float32).train()
     translator.check_pair(sharer.geometry, receiver.geometry)
     opt = torch.optim.AdamW(translator.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     if log["step"]:
@@ -174,7 +180,7 @@ def _save(out: Path, translator, opt, cfg: TrainConfig, log: dict) -> None:
             st = opt.state.get(p, {})
             for k, v in st.items():
                 if torch.is_tensor(v) and v.dim() > 0:
-                    tensors[f"{names[id(p)]}.{k}"] = v.contiguous()
+                    tensors[f"{names[id(p)]}.{k}"] = v.detach().cpu().contiguous()  # serialised from the host
                 else:
                     meta[f"{names[id(p)]}.{k}"] = float(v)
     safetensors.torch.save_file(tensors, out / (OPTIMIZER + ".tmp"), metadata={"scalars": json.dumps(meta)})
@@ -184,11 +190,19 @@ def _save(out: Path, translator, opt, cfg: TrainConfig, log: dict) -> None:
 
 
 def _load_optimizer(opt, translator, path: Path) -> None:
+    """Restore the moments saved by `_save`. They are read on the host and handed to
+    `Optimizer.load_state_dict`, which moves each to its parameter's device and dtype (and keeps the
+    step counters where the optimizer keeps them: on the host unless it is capturable or fused)."""
     with safetensors.safe_open(str(path), "pt") as f:
         scalars = json.loads(f.metadata()["scalars"])
         tensors = {k: f.get_tensor(k) for k in f.keys()}
+    index = {id(p): i for i, p in enumerate(p for group in opt.param_groups for p in group["params"])}
+    state = {}
     for name, p in translator.named_parameters():
         st = {k.removeprefix(name + "."): v for k, v in tensors.items() if k.rsplit(".", 1)[0] == name}
-        st |= {k.removeprefix(name + "."): torch.tensor(v) for k, v in scalars.items() if k.rsplit(".", 1)[0] == name}
+        # scalars (the step): 0-dim host float32 tensors, as torch's own optimizer state holds them
+        st |= {k.removeprefix(name + "."): torch.from_numpy(numpy.array(v, dtype=numpy.float32))
+               for k, v in scalars.items() if k.rsplit(".", 1)[0] == name}
         if st:
-            opt.state[p] = st
+            state[index[id(p)]] = st
+    opt.load_state_dict({"state": state, "param_groups": opt.state_dict()["param_groups"]})

@@ -14,6 +14,7 @@ naming both.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from abc import ABC, abstractmethod
@@ -132,8 +133,13 @@ def read_header(folder: str | Path) -> dict:
     return header
 
 
-def load(folder: str | Path) -> Translator:
-    """A translator from a checkpoint folder, in eval mode, with the pair it was trained for."""
+def load(folder: str | Path, device: torch.device | str | None = None) -> Translator:
+    """A translator from a checkpoint folder, in eval mode, with the pair it was trained for.
+
+    device: where it is built (the receiver's device); None: torch's default device, normally the CPU.
+    Its initial values are overwritten, so building it there directly costs no determinism. The
+    weights are read on the host and copied in.
+    """
     header = read_header(folder)
     name = header.get("method")
     if name not in TRANSLATORS:
@@ -143,8 +149,9 @@ def load(folder: str | Path) -> Translator:
         config = cls.Config(**header["config"])
     except (TypeError, ValueError) as e:
         raise StateFormatError(f"{folder}/{CONFIG}: config: {e}") from e
-    model = cls(Geometry.from_json(header["sharer"]), Geometry.from_json(header["receiver"]), config)
-    weights = safetensors.torch.load_file(Path(folder) / WEIGHTS)
+    with torch.device(device) if device is not None else contextlib.nullcontext():
+        model = cls(Geometry.from_json(header["sharer"]), Geometry.from_json(header["receiver"]), config)
+    weights = safetensors.torch.load_file(Path(folder) / WEIGHTS)  # host tensors, copied into the parameters
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing or unexpected:
         raise StateFormatError(f"{folder}/{WEIGHTS}: missing {missing[:5]}, unexpected {unexpected[:5]}")
@@ -157,12 +164,11 @@ def with_layers(state: KVState, layers: list[LayerKV] | tuple[LayerKV, ...]) -> 
     return dataclasses.replace(state, layers=tuple(layers), last_hidden=None)
 
 
-def cast(state: KVState, dtype: torch.dtype) -> KVState:
-    """The state with K/V and latents in `dtype` (positions and ids unchanged)."""
-    if state.dtype == dtype:
+def cast(state: KVState, dtype: torch.dtype, device: torch.device | str | None = None) -> KVState:
+    """The state with K/V and latents in `dtype` (positions and ids unchanged), on `device` (None: where it is)."""
+    if state.dtype == dtype and (device is None or state.device == torch.device(device)):
         return state
-    layers = tuple(LayerKV(l.keys.to(dtype), l.values.to(dtype), l.positions) for l in state.layers)
-    return dataclasses.replace(state, layers=layers, latents=state.latents.to(dtype), last_hidden=None)
+    return state.to(device, dtype)._replace(last_hidden=None)
 
 
 def translated_state(geometry: Geometry, keys: list[torch.Tensor], values: list[torch.Tensor]) -> KVState:
@@ -172,13 +178,13 @@ def translated_state(geometry: Geometry, keys: list[torch.Tensor], values: list[
     in the receiver's vocabulary, so they are marked latent (id -1) with a zero input embedding: they
     can be attended to and concatenated, never re-prefilled or continued with latent steps.
     """
-    T = keys[0].shape[1]
-    pos = torch.arange(T)
+    T, device = keys[0].shape[1], keys[0].device
+    pos = torch.arange(T, device=device)
     for i, (k, v) in enumerate(zip(keys, values)):
         kind = geometry.layer(i)
         if kind.attention == "sliding" and T > kind.window - 1:
             keys[i], values[i] = k[:, T - kind.window + 1:], v[:, T - kind.window + 1:]
     layers = tuple(LayerKV(k, v, pos[T - k.shape[1]:]) for k, v in zip(keys, values))
     dtype = keys[0].dtype
-    return KVState(geometry, layers, pos, torch.full((T,), -1, dtype=torch.int64),
-                   torch.zeros(T, geometry.hidden_size, dtype=dtype))
+    return KVState(geometry, layers, pos, torch.full((T,), -1, dtype=torch.int64, device=device),
+                   torch.zeros(T, geometry.hidden_size, dtype=dtype, device=device))

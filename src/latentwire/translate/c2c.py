@@ -126,8 +126,8 @@ class C2C(Translator):
         """
         if isinstance(align, TokenAlignment):
             align, mask = align.index, align.mask if mask is None else mask
-        align = torch.as_tensor(align, dtype=torch.int64)
-        mask = (align >= 0) if mask is None else torch.as_tensor(mask, dtype=torch.bool)
+        align = torch.as_tensor(align, dtype=torch.int64, device=receiver.device)
+        mask = (align >= 0) if mask is None else torch.as_tensor(mask, dtype=torch.bool, device=receiver.device)
         T_r, T_s = len(receiver), len(sharer)
         if align.shape != (T_r,) or mask.shape != (T_r,):
             raise ValueError(f"c2c: align and mask need one entry per receiver row ({T_r}); got "

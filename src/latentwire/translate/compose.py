@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -43,11 +44,16 @@ def needs(method: str, context_aware: bool = False) -> tuple[str, ...]:
 
 
 def compose(translator: Translator, states: PairStates, context_aware: bool = False) -> KVState:
-    """The receiver-side state (compact) the receiver answers over."""
+    """The receiver-side state (compact) the receiver answers over, on the translator's device.
+
+    The translator runs where its parameters are (the receiver's device): states prefilled elsewhere
+    (a sharer on another device) are moved there first.
+    """
     name = translator.name
     missing = [f for f in needs(name, context_aware) if getattr(states, f) is None]
     if missing:
         raise ValueError(f"{name}: missing pair states {missing}")
+    states = _on(states, next(translator.parameters()).device)
     if name == "c2c":
         out = translator(states.sharer_both, states.receiver_both, align=states.align, mask=states.mask)
     elif name == "dense":
@@ -57,3 +63,17 @@ def compose(translator: Translator, states: PairStates, context_aware: bool = Fa
     else:
         out = translator(states.sharer, states.receiver)
     return out if out.is_compact else out.compact()
+
+
+def _on(states: PairStates, device: torch.device) -> PairStates:
+    """The same pair states with every state and tensor on `device` (those already there are kept)."""
+    moved = {}
+    for f in dataclasses.fields(states):
+        x = getattr(states, f.name)
+        if isinstance(x, KVState):
+            moved[f.name] = cast(x, x.dtype, device)
+        elif isinstance(x, torch.Tensor):
+            moved[f.name] = x.to(device)
+        else:
+            moved[f.name] = x
+    return PairStates(**moved)

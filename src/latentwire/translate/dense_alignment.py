@@ -80,7 +80,7 @@ class DenseAlignment(Translator):
 
     def content(self, sharer: KVState) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """Translated position-free keys and values per receiver layer, each (H_R, T_s, D_R) float32."""
-        sharer, T = cast(sharer, torch.float32), len(sharer)
+        sharer, T = cast(sharer, torch.float32, self.w.device), len(sharer)
         xs = []
         for j in self.sources:
             layer = sharer.layers[j]
@@ -101,7 +101,7 @@ class DenseAlignment(Translator):
     def forward(self, sharer: KVState, receiver: KVState | None = None, **kw) -> KVState:
         """The sharer's T rows as a compact receiver state (positions 0..T-1, latent rows); `receiver` unused."""
         keys, values = self.content(sharer)
-        pos = torch.arange(len(sharer))
+        pos = torch.arange(len(sharer), device=self.w.device)
         keys = [rotate_keys(k, pos, self.receiver.layer(i).rope) for i, k in enumerate(keys)]  # (H_R, T, D_R)
         return translated_state(self.receiver, [k.to(sharer.dtype) for k in keys],
                                 [v.to(sharer.dtype) for v in values])
@@ -126,8 +126,8 @@ class DenseAlignment(Translator):
         if len(sharer) == 0 or len(target) == 0:
             raise ValueError("dense: reconstruction needs non-empty sharer and target states")
         keys, values = self.content(sharer)
-        target, T = cast(target, torch.float32), len(target)
-        rows = torch.linspace(0, T - 1, min(probes, T)).round().long()
+        target, T = cast(target, torch.float32, self.w.device), len(target)
+        rows = torch.linspace(0, T - 1, min(probes, T), device=target.device).round().long()
         losses = []
         for i, layer in enumerate(target.layers):
             if layer.keys.shape[1] != T:

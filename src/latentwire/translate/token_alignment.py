@@ -69,7 +69,8 @@ class TokenAlignment:
 def align(receiver, sharer, chat: Chat) -> TokenAlignment:
     """Align the receiver's prompt tokens for `chat` to the sharer's (see the module docstring for the rule).
 
-    `receiver` and `sharer` are agents (anything with `tokenizer`, `chat_text(chat)` and `chat_ids(chat)`).
+    `receiver` and `sharer` are agents (anything with `tokenizer`, `chat_text(chat)`, `chat_ids(chat)` and,
+    for the receiver, `device`: the alignment's tensors index the receiver's state and live with it).
     """
     messages = [{"role": "user", "content": chat}] if isinstance(chat, str) else [dict(m) for m in chat]
     contents = [str(m.get("content", "")) for m in messages]
@@ -89,7 +90,7 @@ def align(receiver, sharer, chat: Chat) -> TokenAlignment:
     r_first, r_last = _covering(r_spans, len(r_text), fill_gaps=False)
     s_first, s_last = _covering(s_spans, len(s_text), fill_gaps=True)
 
-    index = torch.full((len(r_ids),), -1, dtype=torch.int64)
+    index = [-1] * len(r_ids)  # built on the host, one tensor per field at the end
     for t, (a, b) in enumerate(r_spans):
         for c in range(b - 1, a - 1, -1):  # the token's last content character the sharer also holds
             g = r_cc[c]
@@ -101,15 +102,19 @@ def align(receiver, sharer, chat: Chat) -> TokenAlignment:
             after = r_last[c] - t  # receiver pieces after this one on the same character
             index[t] = max(s_first[p], s_last[p] - after)
             break
-    exact = torch.zeros(len(r_ids), dtype=torch.bool)
-    for t in torch.nonzero(index >= 0).flatten().tolist():
-        u = int(index[t])
+    exact = [False] * len(r_ids)
+    for t, u in enumerate(index):
+        if u < 0:
+            continue
         (a, b), (sa, sb) = r_spans[t], s_spans[u]
         exact[t] = ([r_cc[c] for c in range(a, b)] == [s_cc[c] for c in range(sa, sb)]
                     and [r_last[c] - r_first[c] for c in range(a, b)]  # byte pieces per character
                     == [s_last[c] - s_first[c] for c in range(sa, sb)])
-    return TokenAlignment(index, index >= 0, exact, torch.tensor(r_ids, dtype=torch.int64),
-                          torch.tensor(s_ids, dtype=torch.int64))
+    device = receiver.device
+    index_t = torch.tensor(index, dtype=torch.int64, device=device)
+    return TokenAlignment(index_t, index_t >= 0, torch.tensor(exact, dtype=torch.bool, device=device),
+                          torch.tensor(r_ids, dtype=torch.int64, device=device),
+                          torch.tensor(s_ids, dtype=torch.int64, device=device))
 
 
 # -- content location ------------------------------------------------------------------------------

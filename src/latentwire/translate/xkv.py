@@ -77,7 +77,8 @@ class XKV(Translator):
         memory = self.memory(sharer, receiver, kv_r)
         rows = [rms(torch.cat([k, v], -1).transpose(0, 1).flatten(1)) for k, v in kv_r]  # (T_l, H 2D)
         sizes = [r.shape[0] for r in rows]
-        layer_ids = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor(sizes))
+        counts = torch.tensor(sizes, dtype=torch.int64, device=self.layer_emb.device)
+        layer_ids = torch.repeat_interleave(counts, output_size=sum(sizes))  # layer l repeated T_l times
         q = self.query(torch.cat(rows)) + self.layer_emb[layer_ids]  # (ΣT_l, d)
         h, _ = self.decoder(q[None], memory, memory, need_weights=False)
         h = self.norm(h[0] + q)  # (ΣT_l, d)

@@ -57,10 +57,13 @@ class AgentSpec:
     seed: int = 0
     context_window: int | None = None
     fn: Callable | None = field(default=None, compare=False)
+    device: str | None = None  # pretrained: None = the default where the node runs (placement.resolve)
+    dtype: str | None = None
 
     @classmethod
-    def pretrained(cls, name: str, context_window: int | None = None) -> "AgentSpec":
-        return cls("pretrained", name, context_window=context_window)
+    def pretrained(cls, name: str, context_window: int | None = None, device: str | None = None,
+                   dtype: str | None = None) -> "AgentSpec":
+        return cls("pretrained", name, context_window=context_window, device=device, dtype=dtype)
 
     @classmethod
     def tiny(cls, arch: str = "llama", seed: int = 0) -> "AgentSpec":
@@ -76,7 +79,8 @@ class AgentSpec:
         from ..agent import Agent
 
         if self.kind == "pretrained":
-            return Agent.from_pretrained(self.name, context_window=self.context_window)
+            return Agent.from_pretrained(self.name, device=self.device, dtype=self.dtype,
+                                         context_window=self.context_window)
         if self.kind == "tiny":
             from ..models import tiny_model, tiny_tokenizer
 
@@ -197,7 +201,8 @@ class Node:
             data = wire.open_sealed(packed, self.config.key) if self.config.key else bytes(packed)
             expect = None if self.agent is None or not expect else self.agent.geometry
             verify = self.trusted if self.config.sign else None
-            msg = wire.decode(data, expect=expect, verify=verify)
+            device = None if self.agent is None else self.agent.device  # decoded straight onto the model's device
+            msg = wire.decode(data, expect=expect, verify=verify, device=device)
             out = Received(msg.body, msg.protocol, msg.positions, msg.selection,
                            None if msg.signed_by is None else msg.signed_by.hex(), len(packed))
             body = msg.body

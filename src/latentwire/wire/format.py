@@ -21,6 +21,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Callable, Union
 
+import numpy
 import safetensors.torch
 import torch
 
@@ -105,9 +106,10 @@ class TokenRows:
 
     def to_rows(self, embed: Callable[[torch.Tensor], torch.Tensor]) -> Rows:
         """Rows with token rows from `embed` (ids (k,) -> (k, hidden), e.g. `agent.embed`) and latent rows as sent."""
-        rows = embed(self.token_ids.clamp_min(0)).clone()  # (n, hidden)
-        rows[self.token_ids == -1] = self.latents.to(rows.dtype)
-        return Rows(rows, self.token_ids.clone(), self.space)
+        rows = embed(self.token_ids.clamp_min(0)).clone()  # (n, hidden), on the embedding's device
+        ids = self.token_ids.to(rows.device, copy=True)
+        rows[ids == -1] = self.latents.to(rows.device, rows.dtype)
+        return Rows(rows, ids, self.space)
 
 
 Body = Union[Rows, TokenRows, KVState, str, FragmentSet]
@@ -245,7 +247,7 @@ def _tensors(obj, kind: str) -> dict[str, torch.Tensor]:
                     f"layers.{i}.positions": layer.positions}
         return out
     raw = obj.encode("utf-8") if kind == "text" else obj.to_bytes()
-    return {kind: torch.frombuffer(bytearray(raw), dtype=torch.uint8) if raw else torch.zeros(0, dtype=torch.uint8)}
+    return {kind: torch.from_numpy(numpy.frombuffer(raw, dtype=numpy.uint8).copy())}  # host bytes, empty or not
 
 
 def _own(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -278,7 +280,7 @@ def _short(v) -> str:
 
 # -- decode -------------------------------------------------------------------------------------
 def decode(data: bytes, *, expect: Geometry | tuple[str, str] | None = None, verify=None,
-           require_signature: bool | None = None) -> Message:
+           require_signature: bool | None = None, device: torch.device | str | None = None) -> Message:
     """Strictly decode one message (see the module docstring for what raises what).
 
     expect: the receiver's Geometry (kv / fragments: every geometry field must match; rows / token_ids:
@@ -286,6 +288,8 @@ def decode(data: bytes, *, expect: Geometry | tuple[str, str] | None = None, ver
     verify: trusted Ed25519 public keys. A signature, when present, is always checked; with `verify` it
       must also come from a trusted key. require_signature (default: True iff `verify` is given)
       rejects unsigned messages.
+    device: where the body's tensors go (the receiving model's device); None keeps them on the host,
+      where they are decoded and checked.
     """
     trusted = None if verify is None else trusted_keys(verify)
     if require_signature is None:
@@ -309,6 +313,8 @@ def decode(data: bytes, *, expect: Geometry | tuple[str, str] | None = None, ver
     positions = None if positions is None else tuple(positions)
     _check_tensors(kind, tensors, sender, header["dtype"], positions)
     body = _BODY[kind](tensors, sender)
+    if device is not None:
+        body = _to_device(body, torch.device(device))
     sel = header["selection"]
     msg = Message(body, header["protocol"], sender, kind, positions,
                   None if sel is None else Selection(sel["method"], sel["budget"], sel["ratio"]),
@@ -613,3 +619,16 @@ def _fragments(tensors, g: Geometry) -> FragmentSet:
 
 
 _BODY = {"rows": _rows, "token_ids": _token_rows, "kv": _kv, "text": _text, "fragments": _fragments}
+
+
+def _to_device(body: Body, device: torch.device) -> Body:
+    """A decoded (host) body with its tensors on `device`; text is returned as is."""
+    if isinstance(body, Rows):
+        return Rows(body.embeds.to(device), body.token_ids.to(device), body.space)
+    if isinstance(body, TokenRows):
+        return TokenRows(body.token_ids.to(device), body.latents.to(device), body.space)
+    if isinstance(body, KVState):
+        return body.to(device)
+    if isinstance(body, FragmentSet):
+        return FragmentSet(f.to(device) for f in body)
+    return body

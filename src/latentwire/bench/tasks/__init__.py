@@ -1,8 +1,8 @@
-"""The shipped tasks: generators (pure functions of a seed) and their committed JSONL under tasks/data/.
+"""The shipped tasks: generators (pure functions of a seed) and their committed JSONL (package data, data/).
 
     load_task("facts")            # the committed episodes (what benchmarks run)
     TASKS["facts"](SEED)          # the same episodes, regenerated in memory
-    task_path("facts")            # <repo>/tasks/data/facts.jsonl
+    task_path("facts")            # <package>/bench/tasks/data/facts.jsonl
 
 `python tasks/generate.py` rewrites the files; `--check` fails if any differs from a fresh generation.
 """
@@ -16,7 +16,9 @@ from ..episode import Episode, load_episodes
 from . import code, facts, reasoning
 
 SEED = 0  # the seed the committed files were generated with
-DATA_DIR = Path(__file__).resolve().parents[4] / "tasks" / "data"  # src/latentwire/bench/tasks -> repo root
+# Package data (pyproject.toml [tool.setuptools.package-data]): beside this file in the source tree and in
+# an installed wheel alike (pip always unpacks wheels, so a plain path is enough).
+DATA_DIR = Path(__file__).resolve().parent / "data"
 
 TASKS: dict[str, Callable[..., list[Episode]]] = {
     "code": code.generate,

@@ -1,4 +1,4 @@
-"""`code`: fan-in questions about real Python source (the pinned snapshot in tasks/stdlib), built with `ast`.
+"""`code`: fan-in questions about real Python source (the pinned snapshot in ./stdlib), built with `ast`.
 
 Modules are cut into pieces at top-level statements (big classes at their methods), each piece headed
 "# file: NAME.py" (or "# file: NAME.py (lines A-B)" for part of a file). A sender's context is 1-4 pieces.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..episode import Episode, Span
 
-STDLIB = Path(__file__).resolve().parents[4] / "tasks" / "stdlib"
+STDLIB = Path(__file__).resolve().parent / "stdlib"  # package data, like ./data
 MODULES = ("bisect", "calendar", "colorsys", "fractions", "graphlib", "heapq", "numbers", "shlex", "stat",
            "statistics", "string", "textwrap")
 SENDERS = 3
@@ -263,7 +263,7 @@ def _pick(rng: random.Random, cands: dict[str, list[dict]], n: int) -> list[dict
 
 
 def generate(seed: int, n: int = 120, root: Path | str | None = None) -> list[Episode]:
-    """`n` episodes over the snapshot at `root` (default tasks/stdlib); a pure function of the seed and files."""
+    """`n` episodes over the snapshot at `root` (default ./stdlib); a pure function of the seed and files."""
     rng = random.Random(seed)
     mods = {name: _Module(name, Path(root) if root else STDLIB) for name in MODULES}
     pieces = [(name, a, b) for name, m in mods.items() for a, b in m.pieces()]

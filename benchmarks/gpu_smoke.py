@@ -1,0 +1,107 @@
+"""GPU smoke run: the device tests on CUDA, then fan-in on Qwen in bf16 on the GPU. One short script.
+
+    make install && .venv/bin/python benchmarks/gpu_smoke.py [--device cuda] [--n 12] [--model qwen2.5-0.5b]
+
+1. The fast tests that matter for devices, with the tiny models on the GPU
+   (LATENTWIRE_TEST_DEVICE=cuda): tests/unit/test_device_clean.py (meta default device, every verb,
+   selector, protocol and translator) and tests/unit/test_attend.py (hook scoring = eager weights).
+2. alone / text / full KV (G = 8) / CacheBack 8× (G = 8) through the bench runner on `--n` fan-in
+   `facts` episodes (3 senders, ~500 tokens each), model in bf16 on the GPU; the same episodes on the
+   CPU are in docs/results/dtype_speed/ for comparison.
+3. The selection agreement of CacheBack on bf16 vs fp32 GPU states (Jaccard of the kept rows).
+Writes docs/results/gpu_smoke.{md,json} and the run folder docs/results/gpu_smoke/.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "docs" / "results"
+TESTS = ("tests/unit/test_device_clean.py", "tests/unit/test_attend.py")
+PROTOCOLS = ("alone", "text", "fullkv(latent_steps=8)", "cacheback(ratio=8, latent_steps=8)")
+
+
+def device_tests(device: str) -> dict:
+    env = os.environ | {"LATENTWIRE_TEST_DEVICE": device}
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS], cwd=ROOT,
+                          env=env, capture_output=True, text=True)
+    tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+    print("\n".join(tail), flush=True)
+    return {"returncode": proc.returncode, "summary": tail[-1] if tail else "", "tail": tail,
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--model", default="qwen2.5-0.5b")
+    ap.add_argument("--n", type=int, default=12)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("gpu_smoke.py needs a CUDA device (torch.cuda.is_available() is False)")
+    from latentwire.agent import Agent
+    from latentwire.bench.report import read_run, summarize
+    from latentwire.bench.runner import RunConfig, environment, run
+    from latentwire.bench.tasks import load_task
+    from latentwire.protocols.cacheback import CacheBack, document_rows
+
+    result = {"gpu": torch.cuda.get_device_name(), "tests": device_tests(args.device)}
+    runs = ROOT / "runs" / "gpu_smoke"
+    agent = Agent.from_pretrained(args.model, device=args.device, dtype="bfloat16")
+    t0 = time.perf_counter()
+    run(RunConfig("facts", ",".join(PROTOCOLS), agent.model_name, args.n, 0, {"length_bucket": 500},
+                  device=args.device, dtype="bfloat16"), runs, agent=agent)
+    result["fanin_seconds"] = round(time.perf_counter() - t0, 1)
+    config, records = read_run(runs)
+    summary = summarize(records, list(PROTOCOLS))
+    result["fanin"] = {p: {"n": s["n"], "errors": s["errors"], "accuracy": s["accuracy"],
+                           "tteoa_median": s["tteoa_median"]} for p, s in summary.items()}
+    # CacheBack's kept rows on bf16 vs fp32 states of the same documents (sender side only).
+    fp32 = Agent.from_pretrained(args.model, device=args.device, dtype="float32")
+    cb, jaccard = CacheBack(ratio=8, latent_steps=0), []
+    for ep in [e for e in load_task("facts") if e.meta["length_bucket"] == 500][: args.n]:
+        for doc in ep.contexts:
+            kept = []
+            for a in (agent, fp32):
+                state = cb.read(a, doc)
+                kept.append(set(cb.choose(a, state, ep.question, document_rows(a, doc, len(state))[1]).tolist()))
+            jaccard.append(len(kept[0] & kept[1]) / max(1, len(kept[0] | kept[1])))
+    result["jaccard_bf16_fp32"] = {"n": len(jaccard), "mean": sum(jaccard) / len(jaccard), "min": min(jaccard)}
+    dest = OUT / "gpu_smoke"
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in ("config.json", "records.jsonl"):
+        shutil.copy(runs / f, dest / f)
+    env = environment()
+    cmd = f"python benchmarks/gpu_smoke.py --device {args.device} --model {args.model} --n {args.n}"
+    lines = ["# GPU smoke run", "", f"Command: `{cmd}`", "",
+             f"{result['gpu']}, torch {env['torch']}, latentwire @ {str(env['git'])[:10]}.", "",
+             f"Device tests on {args.device} ({', '.join(TESTS)}): `{result['tests']['summary']}`", "",
+             f"Fan-in on {args.model}, bf16, {args.n} `facts` episodes (length bucket 500), "
+             f"{result['fanin_seconds']} s in all:", "",
+             "| protocol | n | errors | accuracy [95% CI] | median TTEOA s |", "|---|---:|---:|---|---:|"]
+    for p, s in result["fanin"].items():
+        a = s["accuracy"]
+        lines.append(f"| `{p}` | {s['n']} | {s['errors']} | {a[0]:.2f} [{a[1]:.2f}, {a[2]:.2f}] | "
+                     f"{s['tteoa_median'] or float('nan'):.3f} |")
+    j = result["jaccard_bf16_fp32"]
+    lines += ["", f"CacheBack 8× kept rows, bf16 vs fp32 states on the GPU: Jaccard mean {j['mean']:.3f}, "
+                  f"min {j['min']:.3f} over {j['n']} sender documents."]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    (OUT / "gpu_smoke.md").write_text(text)
+    (OUT / "gpu_smoke.json").write_text(json.dumps(result | {"command": cmd, "environment": env}, indent=2) + "\n")
+    sys.exit(result["tests"]["returncode"])
+
+
+if __name__ == "__main__":
+    main()

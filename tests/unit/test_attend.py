@@ -1,0 +1,70 @@
+"""`Agent.attend` reads the query's attention from hooks, under any attention implementation.
+
+The reference is what the library did before: switch the model to eager attention and read
+`output_attentions`. The hook path must equal it to 1e-5 in fp32 while the model keeps its own
+implementation (sdpa here), and must leave that implementation untouched.
+"""
+import os
+
+import pytest
+import torch
+
+from latentwire.agent import Agent
+from latentwire.models import tiny_model
+
+DEVICE = torch.device(os.environ.get("LATENTWIRE_TEST_DEVICE") or "cpu")  # gpu_smoke.py sets "cuda"
+QUERY = "Which project did Ada lead, and where?"
+DOC = "Ada led the Orion project in Lisbon. " * 6 + "Bo led Vega in Oslo. The budget was 40k."
+
+
+@torch.inference_mode()
+def eager_attention(agent: Agent, state, query: str) -> torch.Tensor:
+    """(L_g, H_q, m, T) from eager attention weights: the reference implementation."""
+    ids = agent.ids(agent.tokenizer(query, add_special_tokens=False)["input_ids"])
+    T = len(state)
+    before = agent.model.config._attn_implementation
+    agent.model.set_attn_implementation("eager")
+    try:
+        out = agent.model.model(input_ids=ids[None], past_key_values=state.compact().to_cache(), use_cache=True,
+                                position_ids=torch.arange(T, T + len(ids), device=ids.device)[None],
+                                output_attentions=True)
+    finally:
+        agent.model.set_attn_implementation(before)
+    layers = [i for i, t in enumerate(state.geometry.layer_types) if t == "global"]
+    return torch.stack([out.attentions[i][0, :, :, :T] for i in layers]).float()
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_attend_equals_eager_weights(arch, tokenizer, implementation):
+    model = tiny_model(arch).to(DEVICE)
+    model.set_attn_implementation(implementation)
+    agent = Agent(model, tokenizer, model_name=arch)
+    state = agent.think(agent.prefill(DOC), steps=3)  # token rows and latent rows
+    got = agent.attend(state, QUERY)
+    assert model.config._attn_implementation == implementation  # the model's own attention, untouched
+    want = eager_attention(agent, state, QUERY)
+    assert got.shape == want.shape and got.dtype == torch.float32
+    assert torch.allclose(got, want, atol=1e-5, rtol=0), float((got - want).abs().max())
+    n_global = sum(t == "global" for t in state.geometry.layer_types)
+    assert got.shape[0] == n_global < (len(state.geometry.layer_types) if arch == "gemma3" else n_global + 1)
+
+
+def test_attend_on_a_selected_then_compacted_state(tokenizer):
+    """Scoring reads the state's keys as they are: a compacted selection scores like its own eager pass."""
+    agent = Agent(tiny_model("qwen2").to(DEVICE), tokenizer, model_name="qwen2")
+    agent.model.set_attn_implementation("sdpa")
+    state = agent.prefill(DOC)
+    part = state.select(range(0, len(state), 3)).compact()
+    assert torch.allclose(agent.attend(part, QUERY), eager_attention(agent, part, QUERY), atol=1e-5, rtol=0)
+
+
+def test_attend_in_bf16_is_close_to_fp32(tokenizer):
+    """bf16 scoring (fp32 softmax over bf16 q/K) keeps the same row ranking, up to bf16 rounding."""
+    fp32 = Agent(tiny_model("llama").to(DEVICE), tokenizer, model_name="llama")
+    bf16 = Agent(tiny_model("llama").to(DEVICE, torch.bfloat16), tokenizer, model_name="llama")
+    a32 = fp32.attend(fp32.prefill(DOC), QUERY).mean(dim=(0, 1, 2))  # (T,)
+    a16 = bf16.attend(bf16.prefill(DOC), QUERY).mean(dim=(0, 1, 2))
+    assert a16.dtype == torch.float32
+    assert float((a32 - a16).abs().max()) < 2e-2
+    top = lambda a: set(a.topk(len(a) // 8).indices.tolist())  # noqa: E731
+    assert len(top(a32) & top(a16)) >= 0.75 * len(top(a32))
