@@ -238,11 +238,31 @@ class Agent:
         """Attention of the query's m tokens, appended after a finished state, over its T rows.
 
         Returns (L_g, H_q, m, T) float32: one slice per global-attention layer (sliding layers see only
-        their window, so hybrid models are scored on global layers alone). The state is not re-run: the
-        m query tokens go through the model with its own attention implementation (eager, sdpa, flash),
-        while hooks capture each global layer's query projection and RoPE cos/sin; the weights are then
-        softmax(q·Kᵀ·scaling) over the cached keys plus the query's own causal keys, exactly as eager
-        attention computes them (grouped-query aware, logit soft-capping applied), in float32.
+        their window, so hybrid models are scored on global layers alone). See `query_attention`.
+        """
+        T = len(state)
+        return torch.stack([w[:, :, :T] for _, w in self.query_attention(state, query)])  # (L_g, H_q, m, T)
+
+    @torch.inference_mode()
+    def attend_grouped(self, state: KVState, query: str) -> torch.Tensor:
+        """(S, m, T) float32: the query's attention averaged over global layers and over the query heads
+        that share each KV head — what CacheBack scores — accumulated layer by layer, so the full
+        (L_g, H_q, m, T) tensor is never held."""
+        total, n, S = None, 0, state.geometry.num_kv_heads
+        for _, w in self.query_attention(state, query):  # (H_q, m, T + m), contiguous
+            g = w.view(S, -1, *w.shape[-2:]).mean(dim=1)  # (S, m, T + m)
+            total, n = (g if total is None else total.add_(g)), n + 1
+        return total[..., :len(state)] / n  # (S, m, T)
+
+    def query_attention(self, state: KVState, query: str):
+        """Yield (layer index, (H_q, m, T + m) float32 attention weights) for each global layer: the
+        columns are the state's T rows, then the query's own m tokens (causal).
+
+        The state is not re-run: the m query tokens go through the model with its own attention
+        implementation (eager, sdpa, flash), while hooks capture each global layer's query projection
+        and RoPE cos/sin; the weights are then softmax(q·Kᵀ·scaling) over the cached keys plus the
+        query's own causal keys, as eager attention computes them (grouped-query aware, logit
+        soft-capping applied), in float32.
         """
         self.geometry.check_same(state.geometry)
         ids = self.ids(self.tokenizer(query, add_special_tokens=False)["input_ids"])
@@ -259,31 +279,30 @@ class Agent:
                 with_kwargs=True))
         cache = state.compact().to_cache()
         try:
-            self.model.model(input_ids=ids[None], past_key_values=cache, use_cache=True,
-                             position_ids=torch.arange(T, T + m, device=self.device)[None])
+            with torch.inference_mode():
+                self.model.model(input_ids=ids[None], past_key_values=cache, use_cache=True,
+                                 position_ids=torch.arange(T, T + m, device=self.device)[None])
         finally:
             for h in hooks:
                 h.remove()
         causal = torch.ones(m, m, dtype=torch.bool, device=self.device).tril()  # query i sees query j ≤ i
-        mask = torch.cat([torch.ones(m, T, dtype=torch.bool, device=self.device), causal], dim=1)  # (m, T + m)
-        out = []
         for i in layers:
             attn = self.model.model.layers[i].self_attn
-            q_proj, cos_sin = captured[i]
+            q_proj, cos_sin = captured.pop(i)
             if q_proj is None or cos_sin is None:
                 raise StateFormatError(f"layer {i}: attention did not expose its query projection and RoPE "
                                        f"(unsupported attention module {type(attn).__name__})")
-            q = _rotated_queries(attn, q_proj, cos_sin)  # (1, H_q, m, D)
-            keys = cache.layers[i].keys  # (1, H_kv, T + m, D): the state's rows, then the query's own
-            groups = q.shape[1] // keys.shape[1]
-            k = keys.float().repeat_interleave(groups, dim=1)  # (1, H_q, T + m, D)
-            logits = (q.float() @ k.transpose(-1, -2)) * attn.scaling  # (1, H_q, m, T + m)
+            q = _rotated_queries(attn, q_proj, cos_sin)[0].float()  # (H_q, m, D)
+            keys = cache.layers[i].keys[0].float()  # (H_kv, T + m, D): the state's rows, then the query's own
+            H_kv, H_q = keys.shape[0], q.shape[0]
+            # Grouped-query attention without repeating K: the G query heads of a KV head share one matmul.
+            logits = q.reshape(H_kv, -1, q.shape[-1]) @ keys.transpose(-1, -2)  # (H_kv, G·m, T + m)
+            logits = logits.mul_(attn.scaling).view(H_q, m, T + m)
             cap = getattr(attn, "attn_logit_softcapping", None)
             if cap:
                 logits = torch.tanh(logits / cap) * cap
-            weights = logits.masked_fill(~mask, float("-inf")).softmax(dim=-1)
-            out.append(weights[0, :, :, :T])
-        return torch.stack(out)  # (L_g, H_q, m, T)
+            logits[..., T:].masked_fill_(~causal, float("-inf"))
+            yield i, logits.softmax(dim=-1)  # (H_q, m, T + m)
 
     def rows(self, state: KVState) -> Rows:
         """Continuous rows of a state: token embeddings for token rows, latent inputs at the mean norm."""

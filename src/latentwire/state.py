@@ -230,6 +230,8 @@ class KVState:
 
     def compact(self, start: int = 0) -> "KVState":
         """Re-rotate rows onto consecutive positions start, start+1, ... (closing any gaps)."""
+        if start == 0 and self.is_compact:
+            return self  # states are immutable values: nothing to move, nothing to copy
         return self.rerotate(torch.arange(start, start + len(self), device=self.device))
 
     @property

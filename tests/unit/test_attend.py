@@ -68,3 +68,15 @@ def test_attend_in_bf16_is_close_to_fp32(tokenizer):
     assert float((a32 - a16).abs().max()) < 2e-2
     top = lambda a: set(a.topk(len(a) // 8).indices.tolist())  # noqa: E731
     assert len(top(a32) & top(a16)) >= 0.75 * len(top(a32))
+
+
+def test_grouped_attention_streams_the_same_numbers(arch, tokenizer):
+    """attend_grouped (layer by layer, never holding (L, H, m, T)) = the grouped mean of the full tensor."""
+    from latentwire.select.cacheback import grouped_attention
+
+    agent = Agent(tiny_model(arch).to(DEVICE), tokenizer, model_name=arch)
+    state = agent.think(agent.prefill(DOC), steps=2)
+    want = grouped_attention(agent.attend(state, QUERY), state.geometry.num_kv_heads)
+    got = agent.attend_grouped(state, QUERY)
+    assert got.shape == (state.geometry.num_kv_heads, want.shape[1], len(state))
+    assert torch.allclose(got.double(), want, atol=1e-6, rtol=0)

@@ -72,5 +72,5 @@ class CacheBackSelector(Selector):
             raise ValueError(f"window must be a positive odd number, got {self.window}")
 
     def score(self, agent: Agent, state: KVState, query: str) -> torch.Tensor:
-        b = grouped_attention(agent.attend(state, query), state.geometry.num_kv_heads)
+        b = agent.attend_grouped(state, query).double()  # (S, m, T)
         return cacheback_scores(b, self.p, self.pooling, self.window)
