@@ -5,9 +5,12 @@
 
 Each sender that holds gold evidence reads its document once (prefill + G latent steps); every
 selector scores that one state; each ratio r keeps B = ceil(T/r) rows in spans of 16. Recall = gold
-evidence tokens kept ÷ gold evidence tokens, pooled per episode. `cacheback[unrelated q]` is the
-query ablation: CacheBack scored with another episode's question. Also reports the share of the
-sender's time spent scoring + selecting. Writes docs/results/evidence_recall_<task>[_<filters>]_<model>.{md,json,png}.
+evidence tokens kept ÷ gold evidence tokens, pooled per episode; tables give the mean over episodes
+and its 95% bootstrap CI. `cacheback[unrelated q]` is the query ablation: CacheBack scored with
+another episode's question; `cacheback+generic` / `cacheback+masked` are the background-calibrated
+variants (`CacheBack.calibration`). Also reports the share of the sender's time spent scoring +
+selecting. Writes docs/results/evidence_recall_<task>[_<filters>]_<model>.{md,json,png} (a task given
+as a file path is named by its file stem).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from pathlib import Path
 
 from latentwire.agent import Agent
 from latentwire.bench.episode import span_token_positions
+from latentwire.bench.metrics import bootstrap_ci
 from latentwire.errors import PressUnsupportedError
 from latentwire.bench.runner import environment, load_task_episodes, parse_filters, select_episodes
 from latentwire.protocols.cacheback import CacheBack, document_rows, kept_document_spans
@@ -26,7 +30,15 @@ from latentwire.select import always_kept, fanin_budget, get_selector, select_ro
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "results"
 RATIOS = (2, 4, 8, 16, 32, 64, 128)
-SELECTORS = ("cacheback", "mean_query", "snapkv", "h2o", "tova", "knorm", "chunkkv", "kvzip", "streaming_llm", "random")
+SELECTORS = ("cacheback", "cacheback+generic", "cacheback+masked", "mean_query", "snapkv", "h2o", "tova", "knorm",
+             "chunkkv", "kvzip", "streaming_llm", "random")
+
+
+def scorer(name: str, latent_steps: int):
+    """`name` or `name+calibration` -> (agent, state, question, reader) -> (T,) scores, through CacheBack.scores."""
+    base, _, calibration = name.split("[")[0].partition("+")
+    cb = CacheBack(latent_steps=latent_steps, selector=base, calibration=calibration or "none")
+    return cb.scores
 
 
 def main() -> None:
@@ -46,6 +58,7 @@ def main() -> None:
     episodes = select_episodes(load_task_episodes(args.task), args.n, args.seed, filters)
     reader = CacheBack(latent_steps=args.latent_steps)
     names = list(args.selectors.split(",")) + ["cacheback[unrelated q]"]
+    scorers = {name: scorer(name, args.latent_steps) for name in names}
     hits = {(s, r): [] for s in names for r in RATIOS}  # per-episode recall
     read_s, prefill_s, select_s = [], [], []
     unsupported: dict[str, str] = {}
@@ -64,11 +77,9 @@ def main() -> None:
             for name in names:
                 if name in unsupported:
                     continue
-                sel = get_selector(name.split("[")[0])
                 t1 = time.perf_counter()
                 try:
-                    scores = sel.score(agent, state,
-                                       reader.query_text(agent, unrelated if "unrelated" in name else ep.question))
+                    scores = scorers[name](agent, state, unrelated if "unrelated" in name else ep.question)
                 except PressUnsupportedError as e:  # e.g. kvzip on Gemma3: reported, not hidden
                     unsupported[name] = str(e).split(". ")[0]
                     continue
@@ -82,25 +93,30 @@ def main() -> None:
         for k in hits:
             if k[0] not in unsupported:
                 hits[k].append(kept[k] / gold_total)
-        print(f"[{i + 1}/{len(episodes)}] {ep.id}: cacheback@8x {hits[('cacheback', 8)][-1]:.2f}  "
-              f"streaming@8x {hits[('streaming_llm', 8)][-1]:.2f}", flush=True)
+        print(f"[{i + 1}/{len(episodes)}] {ep.id}: " + "  ".join(
+            f"{n}@8x {hits[(n, 8)][-1]:.2f}" for n in names if n not in unsupported), flush=True)
 
     names = [n for n in names if n not in unsupported]
     table = {name: {r: statistics.mean(hits[(name, r)]) for r in RATIOS} for name in names}
+    cis = {name: {r: bootstrap_ci(hits[(name, r)]) for r in RATIOS} for name in names}
     hops = [ep.meta.get("hops") for ep in episodes]
     by_hops = {h: {n: statistics.mean(v for v, hh in zip(hits[(n, 8)], hops) if hh == h) for n in names}
                for h in sorted(set(hops), key=str)}
     share, share_prefill = sum(select_s) / sum(read_s), sum(select_s) / sum(prefill_s)
-    agnostic = [n for n in names if n in SELECTORS and not get_selector(n).query_conditioned]
+    agnostic = [n for n in names if n in SELECTORS and "+" not in n and not get_selector(n).query_conditioned]
     best = {r: max(agnostic, key=lambda n: table[n][r]) for r in RATIOS} if agnostic else {}
     tag = "".join(f"_{k}{v}" for k, v in filters.items())
+    task_name = Path(args.task).stem if args.task.endswith(".jsonl") or "/" in args.task else args.task
     cmd = (f"python benchmarks/evidence_recall.py --model {args.model} --task {args.task} --n {args.n} "
            f"--seed {args.seed} --latent-steps {args.latent_steps} --selectors {args.selectors}"
            + "".join(f" --filter {f}" for f in args.filter))
     header = "| selector | " + " | ".join(f"{r}×" for r in RATIOS) + " |"
-    lines = [f"# Evidence recall vs compression ({args.task}{tag}, {args.model}, {len(episodes)} episodes, "
-             f"G = {args.latent_steps})", "", f"Command: `{cmd}`", "", header, "|---|" + "---:|" * len(RATIOS)]
-    lines += [f"| {n} | " + " | ".join(f"{table[n][r]:.2f}" for r in RATIOS) + " |" for n in names]
+    lines = [f"# Evidence recall vs compression ({task_name}{tag}, {args.model}, {len(episodes)} episodes, "
+             f"G = {args.latent_steps})", "", f"Command: `{cmd}`", "",
+             "Mean recall over episodes; 95% bootstrap CI (episodes resampled) at 8× and 16×.", "",
+             header + " 8× CI | 16× CI |", "|---|" + "---:|" * len(RATIOS) + "---|---|"]
+    lines += [f"| {n} | " + " | ".join(f"{table[n][r]:.2f}" for r in RATIOS) + " | "
+              + " | ".join(f"[{cis[n][r][1]:.2f}, {cis[n][r][2]:.2f}]" for r in (8, 16)) + " |" for n in names]
     if best and "cacheback" in table:
         lines += ["| *cacheback − best receiver-agnostic* | " + " | ".join(
             f"{100 * (table['cacheback'][r] - table[best[r]][r]):+.0f} pp ({best[r]})" for r in RATIOS) + " |"]
@@ -113,13 +129,16 @@ def main() -> None:
     lines += ["", f"Scoring + selection (CacheBack, one query, 8×) took {100 * share_prefill:.1f}% of the sender's "
               f"prefill time and {100 * share:.1f}% of prefill + latent steps (median prefill "
               f"{statistics.median(prefill_s):.2f} s, read {statistics.median(read_s):.2f} s, score + select "
-              f"{statistics.median(select_s):.3f} s).", "", f"![recall](evidence_recall_{args.task}{tag}_{args.model}.png)"]
+              f"{statistics.median(select_s):.3f} s).", "", f"![recall](evidence_recall_{task_name}{tag}_{args.model}.png)"]
     print("\n".join(lines))
     OUT.mkdir(parents=True, exist_ok=True)
-    stem = OUT / f"evidence_recall_{args.task}{tag}_{args.model}"
+    stem = OUT / f"evidence_recall_{task_name}{tag}_{args.model}"
     stem.with_name(stem.name + ".md").write_text("\n".join(lines) + "\n")
     stem.with_name(stem.name + ".json").write_text(json.dumps({"command": cmd, "recall": {n: {str(r): v for r, v in t.items()}
                                                                              for n, t in table.items()},
+                                                      "recall_ci": {n: {str(r): list(v) for r, v in t.items()}
+                                                                    for n, t in cis.items()},
+                                                      "per_episode": {f"{n}@{r}": v for (n, r), v in hits.items()},
                                                       "recall_at_8x_by_hops": {str(h): v for h, v in by_hops.items()},
                                                       "select_share": share, "select_share_of_prefill": share_prefill,
                                                       "episodes": [ep.id for ep in episodes],
@@ -133,7 +152,7 @@ def main() -> None:
     for n in names:
         ax.plot(RATIOS, [table[n][r] for r in RATIOS], "o-" if "unrelated" not in n else "x--", label=n)
     ax.set(xscale="log", xlabel="compression ratio r (log)", ylabel="evidence recall", ylim=(-0.05, 1.05),
-           title=f"{args.task} / {args.model}: evidence kept vs compression")
+           title=f"{task_name} / {args.model}: evidence kept vs compression")
     ax.set_xticks(RATIOS, [f"{r}×" for r in RATIOS])
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

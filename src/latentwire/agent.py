@@ -99,6 +99,12 @@ class Agent:
     def dtype(self) -> torch.dtype:
         return self.model.get_input_embeddings().weight.dtype
 
+    def new_cache(self) -> DynamicCache:
+        """An empty cache for this model, built on its device (transformers' sliding-window layers make a
+        tensor at construction: on the default device otherwise)."""
+        with torch.device(self.device):
+            return DynamicCache(config=self.model.config)
+
     def ids(self, ids) -> torch.Tensor:
         """Token ids as an int64 tensor on this agent's device."""
         return torch.as_tensor(ids, dtype=torch.int64, device=self.device)
@@ -198,7 +204,7 @@ class Agent:
             embeds = torch.cat([self.embed(pre), rows.embeds.to(self.device, self.dtype), self.embed(post)])
             inputs, latents = {"embeds": embeds}, embeds[len(pre):len(pre) + len(row_ids)][row_ids == -1]
         self._check_window(prompt=len(ids))
-        cache = DynamicCache(config=self.model.config)
+        cache = self.new_cache()
         hidden = self._forward(cache, 0, **inputs)
         state = KVState.from_cache(cache, self.geometry, ids, latents, last_hidden=hidden[-1].clone())
         self._record("prefill", t0, len(ids), 0, len(state))
@@ -333,7 +339,7 @@ class Agent:
         ids = self.ids(self.chat_ids(prompt))
         self._check_window(prompt=len(ids), max_new_tokens=max_new_tokens)
         t0 = time.perf_counter()
-        cache = DynamicCache(config=self.model.config)
+        cache = self.new_cache()
         hidden = self._forward(cache, 0, ids=ids)  # (n, d)
         nll = torch.cat([torch.nn.functional.cross_entropy(self.logits(h).float(), t, reduction="none")
                          for h, t in zip(hidden[:-1].split(chunk), ids[1:].split(chunk))]) if len(ids) > 1 \
@@ -349,7 +355,7 @@ class Agent:
         if message is None:
             ids = self.chat_ids(question)
             self._check_window(prompt=len(ids), max_new_tokens=max_new_tokens)
-            return DynamicCache(config=self.model.config), 0, {"ids": self.ids(ids)}, 0, len(ids)
+            return self.new_cache(), 0, {"ids": self.ids(ids)}, 0, len(ids)
         if not isinstance(question, str):
             raise TypeError("with a message, the question must be a string")
         if isinstance(message, KVState):  # full KV: the state is the prefix, the prompt continues after it
@@ -363,12 +369,12 @@ class Agent:
             self._check_rows(message)
             self._check_window(message=len(message), prompt=len(pre) + len(post), max_new_tokens=max_new_tokens)
             embeds = torch.cat([self.embed(pre), message.embeds.to(self.device, self.dtype), self.embed(post)])
-            return DynamicCache(config=self.model.config), 0, {"embeds": embeds}, len(message), len(pre) + len(post)
+            return self.new_cache(), 0, {"embeds": embeds}, len(message), len(pre) + len(post)
         if isinstance(message, str):  # text, tokenised together with the prompt around it
             ids = self.chat_ids(self._with_slot(question).replace(SLOT, message))
             self._check_window(prompt=len(ids), max_new_tokens=max_new_tokens)
             n_msg = len(ids) - len(pre) - len(post)
-            return DynamicCache(config=self.model.config), 0, {"ids": self.ids(ids)}, n_msg, len(ids) - n_msg
+            return self.new_cache(), 0, {"ids": self.ids(ids)}, n_msg, len(ids) - n_msg
         raise TypeError(f"a message is text, Rows or a KVState, not {type(message).__name__}")
 
     # -- helpers ----------------------------------------------------------------------------

@@ -284,7 +284,8 @@ class KVState:
                         f"layers.{i}: sliding layer lacks rows of its last window (has {int(have.sum())} of "
                         f"{need.numel()}); a selected state cannot be used as a cache on sliding layers")
                 keys, values = keys[:, have], values[:, have]
-                cache_layer = DynamicSlidingWindowLayer(sliding_window=kind.window)
+                with torch.device(self.device):  # it makes a tensor at construction: put it with the rows
+                    cache_layer = DynamicSlidingWindowLayer(sliding_window=kind.window)
             else:
                 cache_layer = DynamicLayer()
             k, v = keys.unsqueeze(0).contiguous(), values.unsqueeze(0).contiguous()  # (1, H, T_l, D)

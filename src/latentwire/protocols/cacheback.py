@@ -7,7 +7,9 @@ the same spans, budgets and encodings.
 """
 from __future__ import annotations
 
+import re
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -22,6 +24,14 @@ from .base import SENDER_PROMPT, Outcome, Protocol, register
 
 ENCODINGS = ("rows", "token_ids")
 QUERY_FORMATS = ("turn", "raw")
+# Background calibration: divide the question's scores by those of a content-free query in the same
+# template, so rows that every query attends to (the opening rows, recent rows) stop spending budget.
+CALIBRATIONS = ("none", "generic", "masked")
+GENERIC_QUESTION = "What is this document about?"
+_FUNCTION_WORDS = frozenset(
+    "a an the of in on at to for from by with and or not no is are was were be been do does did has have had "
+    "what which who whom whose where when why how many much this that these those it its their there than "
+    "as into about after before under over between".split())
 
 
 @register
@@ -38,6 +48,11 @@ class CacheBack(Protocol):
     # How q is appended after the finished state: "turn" = the receiver's own next chat turn asking the
     # question (what the receiver would prefill), "raw" = the question's tokens alone.
     query_format: str = "turn"
+    # "generic": the question's scores ÷ those of GENERIC_QUESTION (scored once per stored state and reused
+    # by every follow-up question); "masked": ÷ those of the question with its content words replaced by
+    # "thing" (same length and shape, one more scoring pass per question). See `calibrate`.
+    calibration: str = "none"
+    calibration_floor: float = 0.05  # κ: background scores below κ·mean(background) count as κ·mean
 
     def __post_init__(self):
         super().__post_init__()
@@ -53,7 +68,24 @@ class CacheBack(Protocol):
             raise UnknownNameError("query format", self.query_format, QUERY_FORMATS)
         if self.selector not in SELECTORS:
             raise UnknownNameError("selector", self.selector, SELECTORS)
+        if self.calibration not in CALIBRATIONS:
+            raise UnknownNameError("calibration", self.calibration, CALIBRATIONS)
+        if self.calibration_floor <= 0:
+            raise ValueError(f"calibration_floor must be > 0, got {self.calibration_floor}")
         self._selector = get_selector(self.selector, **self.selector_params)
+        if self.calibration != "none" and not self._selector.query_conditioned:
+            raise ValueError(f"calibration needs a query-conditioned selector, not {self.selector!r}")
+        # stored state -> its generic background scores: follow-up questions reuse them (states are values)
+        self._background: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def __getstate__(self):  # picklable (protocols travel to Ray actors): the background cache stays behind
+        state = self.__dict__.copy()
+        state["_background"] = None
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._background = weakref.WeakKeyDictionary()
 
     def read(self, sender: Agent, document: str) -> KVState:
         """The sender's finished, query-blind state: prefill + latent steps."""
@@ -64,9 +96,24 @@ class CacheBack(Protocol):
         return sender.continuation_text(KV_PROMPT.format(question=question)) if self.query_format == "turn" \
             else question
 
+    def scores(self, sender: Agent, state: KVState, question: str) -> torch.Tensor:
+        """(T,) row scores for this question, background-calibrated when `calibration` says so."""
+        scores = self._selector.score(sender, state, self.query_text(sender, question))
+        if self.calibration == "none":
+            return scores
+        if self.calibration == "masked":
+            background = self._selector.score(sender, state, self.query_text(sender, masked_question(question)))
+        else:
+            key = (id(sender), self.query_format)
+            cached = self._background.setdefault(state, {})
+            if key not in cached:
+                cached[key] = self._selector.score(sender, state, self.query_text(sender, GENERIC_QUESTION))
+            background = cached[key]
+        return calibrate(scores, background, self.calibration_floor)
+
     def choose(self, sender: Agent, state: KVState, question: str, eligible: torch.Tensor | None = None) -> torch.Tensor:
         """Row indices to send for this question (re-scoring a stored state; the sender is not re-run)."""
-        scores = self._selector.score(sender, state, self.query_text(sender, question))
+        scores = self.scores(sender, state, question)
         return select_rows(scores, fanin_budget(len(state), self.ratio), always_kept(state), self.span, eligible)
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
@@ -91,6 +138,24 @@ class CacheBack(Protocol):
         return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds,
                        {"senders": timing, "message_rows": len(message), "rows_bytes": message.nbytes,
                         "token_id_bytes": message.token_id_nbytes}, kept_spans=tuple(kept))
+
+
+def calibrate(scores: torch.Tensor, background: torch.Tensor, floor: float = 0.05) -> torch.Tensor:
+    """S_t / max(B_t, κ·mean(B)): how much more this question reads row t than a content-free query does.
+
+    Rows every query attends to (high B_t) lose budget to rows only this question attends to; the floor
+    κ·mean(B) keeps rows that neither query reads (B_t ≈ 0) from winning on a ratio of two tiny numbers.
+    """
+    if scores.shape != background.shape:
+        raise ValueError(f"scores {tuple(scores.shape)} and background {tuple(background.shape)} differ")
+    b = background.to(scores.dtype)
+    return scores / b.clamp_min(floor * float(b.mean()) + 1e-30)
+
+
+def masked_question(question: str) -> str:
+    """The question with every content word replaced by "thing" (function words, punctuation and the
+    word count kept): a query in the same template and shape that asks for nothing in particular."""
+    return re.sub(r"[^\W_]+", lambda m: m.group(0) if m.group(0).lower() in _FUNCTION_WORDS else "thing", question)
 
 
 def document_rows(sender: Agent, document: str, n_rows: int) -> tuple[list[tuple[int, int] | None], torch.Tensor]:

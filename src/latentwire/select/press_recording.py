@@ -9,7 +9,6 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 import torch
-from transformers.cache_utils import DynamicCache
 
 from ..agent import Agent
 from ..errors import PressUnsupportedError
@@ -167,7 +166,7 @@ def record_prefill_scores(agent: Agent, state: KVState, press: "BasePress",
     model = agent.model
     t0 = time.perf_counter()
     with _quiet_kvpress(), _model_restored(model, attn_implementation), _on_model_device(agent), rec(model):
-        agent._forward(DynamicCache(config=model.config), 0, ids=ids)
+        agent._forward(agent.new_cache(), 0, ids=ids)
     return _aggregate(rec.scores, layers), time.perf_counter() - t0, rec.seconds
 
 

@@ -1,0 +1,92 @@
+"""Background-calibrated CacheBack: rows every query reads stop spending budget; follow-ups reuse the background."""
+import pytest
+import torch
+
+from latentwire.errors import UnknownNameError
+from latentwire.protocols.cacheback import (GENERIC_QUESTION, CacheBack, calibrate, document_rows,
+                                            masked_question)
+from latentwire.select.cacheback import cacheback_scores
+
+
+def _attention(rows: dict[int, float], T: int = 6, m: int = 4) -> torch.Tensor:
+    """(S = 1, m, T) hand-made attention: every query token puts `rows[t]` on row t, the rest on row 0."""
+    b = torch.zeros(1, m, T, dtype=torch.float64)
+    for t, w in rows.items():
+        b[0, :, t] = w
+    b[0, :, 0] = 1 - b[0].sum(dim=-1)
+    return b
+
+
+def test_a_row_every_query_reads_loses_to_a_row_only_this_question_reads():
+    # Row 2: read by the question (0.30) and by the content-free query (0.30) alike. Row 4: read by the
+    # question only (0.20). Uncalibrated, row 2 wins; calibrated, row 4 does.
+    question = cacheback_scores(_attention({2: 0.30, 4: 0.20}), p=2, pooling="none", window=1)
+    background = cacheback_scores(_attention({2: 0.30, 4: 0.01}), p=2, pooling="none", window=1)
+    assert question[2] > question[4]
+    calibrated = calibrate(question, background)
+    assert calibrated[4] > calibrated[2]
+    assert torch.argmax(calibrated[1:]) + 1 == 4
+
+
+def test_the_floor_keeps_rows_nobody_reads_from_winning():
+    question = torch.tensor([0.5, 1e-9, 0.3, 0.2], dtype=torch.float64)
+    background = torch.tensor([0.5, 1e-12, 0.1, 0.4], dtype=torch.float64)
+    out = calibrate(question, background, floor=0.05)
+    assert int(torch.argmax(out)) == 2  # not row 1, whose 1e-9 / 1e-12 would be the largest raw ratio
+    with pytest.raises(ValueError):
+        calibrate(question, background[:3])
+
+
+def test_masked_question_keeps_shape_and_function_words():
+    q = "Which city is the Falcon project based in?"
+    m = masked_question(q)
+    assert m == "Which thing is the thing thing thing in?"
+    assert len(m.split()) == len(q.split())
+    assert masked_question("What is 7 times 6?") == "What is thing thing thing?"
+
+
+def test_generic_background_is_scored_once_per_stored_state(agent_for):
+    agent = agent_for("llama")
+    cb = CacheBack(ratio=4, latent_steps=0, calibration="generic")
+    doc = "The blue crate holds 58 bolts. The red crate holds 12 nails. The green crate is empty."
+    state = cb.read(agent, doc)
+    seen = []
+    score = cb._selector.score
+    cb._selector.score = lambda a, s, q: seen.append(q) or score(a, s, q)
+    _, eligible = document_rows(agent, doc, len(state))
+    first = cb.choose(agent, state, "How many bolts?", eligible)
+    cb.choose(agent, state, "How many nails?", eligible)
+    background = cb.query_text(agent, GENERIC_QUESTION)
+    assert seen.count(background) == 1 and len(seen) == 3  # two questions + one background, not two
+    assert first.numel() > 0
+    other = cb.read(agent, doc)  # another stored state gets its own background
+    cb.choose(agent, other, "How many bolts?", eligible)
+    assert seen.count(background) == 2
+
+
+def test_calibration_changes_the_selection_only_through_the_scores(agent_for):
+    agent = agent_for("qwen2")
+    doc = "The blue crate holds 58 bolts. The red crate holds 12 nails. " * 3
+    plain, masked = CacheBack(ratio=4, latent_steps=2), CacheBack(ratio=4, latent_steps=2, calibration="masked")
+    state = plain.read(agent, doc)
+    a, b = plain.scores(agent, state, "How many bolts?"), masked.scores(agent, state, "How many bolts?")
+    assert a.shape == b.shape == (len(state),) and bool(torch.isfinite(b).all()) and not torch.equal(a, b)
+
+
+def test_bad_calibration_settings_are_typed_errors():
+    with pytest.raises(UnknownNameError, match="valid: generic, masked, none"):
+        CacheBack(calibration="ratio")
+    with pytest.raises(ValueError, match="query-conditioned"):
+        CacheBack(calibration="generic", selector="streaming_llm")
+    with pytest.raises(ValueError, match="calibration_floor"):
+        CacheBack(calibration="generic", calibration_floor=0)
+
+
+def test_a_calibrated_protocol_pickles_without_its_cache(agent_for):
+    import pickle
+
+    cb = CacheBack(ratio=4, latent_steps=0, calibration="generic")
+    state = cb.read(agent_for("llama"), "The blue crate holds 58 bolts.")
+    cb.scores(agent_for("llama"), state, "How many bolts?")
+    again = pickle.loads(pickle.dumps(cb))
+    assert again == cb and len(again._background) == 0
