@@ -26,7 +26,7 @@ from latentwire.bench.metrics import bootstrap_ci
 from latentwire.errors import PressUnsupportedError
 from latentwire.bench.runner import environment, load_task_episodes, parse_filters, select_episodes
 from latentwire.protocols.cacheback import CacheBack, document_rows, kept_document_spans
-from latentwire.select import always_kept, fanin_budget, get_selector, select_rows
+from latentwire.select import always_kept, fanin_budget, get_selector, select_rows, sentence_groups
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "results"
 RATIOS = (2, 4, 8, 16, 32, 64, 128)
@@ -35,8 +35,9 @@ SELECTORS = ("cacheback", "cacheback+generic", "cacheback+masked", "mean_query",
 
 
 def scorer(name: str, latent_steps: int):
-    """`name` or `name+calibration` -> (agent, state, question, reader) -> (T,) scores, through CacheBack.scores."""
-    base, _, calibration = name.split("[")[0].partition("+")
+    """`name`, `name+calibration` (and either with `/sentence`: the same scores, sentence spans) -> the
+    (agent, state, question) -> (T,) scores of CacheBack.scores with that selector and calibration."""
+    base, _, calibration = name.split("[")[0].split("/")[0].partition("+")
     cb = CacheBack(latent_steps=latent_steps, selector=base, calibration=calibration or "none")
     return cb.scores
 
@@ -49,6 +50,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--latent-steps", type=int, default=8)
     ap.add_argument("--selectors", default=",".join(SELECTORS))
+    ap.add_argument("--sentence-spans", default="cacheback,cacheback+generic,cacheback+masked",
+                    help="selectors also run with spans snapped to sentences / lines (rows NAME/sentence)")
     ap.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE",
                     help="keep episodes whose meta[KEY] == VALUE (a Python literal), repeatable")
     args = ap.parse_args()
@@ -58,6 +61,7 @@ def main() -> None:
     episodes = select_episodes(load_task_episodes(args.task), args.n, args.seed, filters)
     reader = CacheBack(latent_steps=args.latent_steps)
     names = list(args.selectors.split(",")) + ["cacheback[unrelated q]"]
+    names += [f"{n}/sentence" for n in args.sentence_spans.split(",") if n in names]
     scorers = {name: scorer(name, args.latent_steps) for name in names}
     hits = {(s, r): [] for s in names for r in RATIOS}  # per-episode recall
     read_s, prefill_s, select_s = [], [], []
@@ -74,12 +78,17 @@ def main() -> None:
             read_s.append(time.perf_counter() - t0)
             prefill_s.append(next(c.seconds for c in reversed(agent.calls) if c.op == "prefill"))
             per_row, eligible = document_rows(agent, doc, len(state))
+            groups = sentence_groups(per_row, doc)
+            memo = {}
             for name in names:
                 if name in unsupported:
                     continue
                 t1 = time.perf_counter()
                 try:
-                    scores = scorers[name](agent, state, unrelated if "unrelated" in name else ep.question)
+                    key = name.split("/")[0]  # `x/sentence` re-uses x's scores of this state
+                    if key not in memo:
+                        memo[key] = scorers[name](agent, state, unrelated if "unrelated" in name else ep.question)
+                    scores = memo[key]
                 except PressUnsupportedError as e:  # e.g. kvzip on Gemma3: reported, not hidden
                     unsupported[name] = str(e).split(". ")[0]
                     continue
@@ -87,7 +96,8 @@ def main() -> None:
                     select_rows(scores, fanin_budget(len(state), 8), always_kept(state), eligible=eligible)
                     select_s.append(time.perf_counter() - t1)
                 for r in RATIOS:
-                    rows = select_rows(scores, fanin_budget(len(state), r), always_kept(state), eligible=eligible)
+                    rows = select_rows(scores, fanin_budget(len(state), r), always_kept(state), eligible=eligible,
+                                       groups=groups if name.endswith("/sentence") else None)
                     spans = kept_document_spans(per_row, rows)
                     kept[(name, r)] += len(gold & set(span_token_positions(doc, spans, tok)))
         for k in hits:
@@ -103,13 +113,14 @@ def main() -> None:
     by_hops = {h: {n: statistics.mean(v for v, hh in zip(hits[(n, 8)], hops) if hh == h) for n in names}
                for h in sorted(set(hops), key=str)}
     share, share_prefill = sum(select_s) / sum(read_s), sum(select_s) / sum(prefill_s)
-    agnostic = [n for n in names if n in SELECTORS and "+" not in n and not get_selector(n).query_conditioned]
+    agnostic = [n for n in names if n in SELECTORS and "+" not in n and "/" not in n
+                and not get_selector(n).query_conditioned]
     best = {r: max(agnostic, key=lambda n: table[n][r]) for r in RATIOS} if agnostic else {}
     tag = "".join(f"_{k}{v}" for k, v in filters.items())
     task_name = Path(args.task).stem if args.task.endswith(".jsonl") or "/" in args.task else args.task
     cmd = (f"python benchmarks/evidence_recall.py --model {args.model} --task {args.task} --n {args.n} "
            f"--seed {args.seed} --latent-steps {args.latent_steps} --selectors {args.selectors}"
-           + "".join(f" --filter {f}" for f in args.filter))
+           + f" --sentence-spans {args.sentence_spans}" + "".join(f" --filter {f}" for f in args.filter))
     header = "| selector | " + " | ".join(f"{r}×" for r in RATIOS) + " |"
     lines = [f"# Evidence recall vs compression ({task_name}{tag}, {args.model}, {len(episodes)} episodes, "
              f"G = {args.latent_steps})", "", f"Command: `{cmd}`", "",

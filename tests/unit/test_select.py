@@ -184,3 +184,62 @@ def test_prefill_with_rows_places_the_message_in_the_slot(finished):
     assert len(hop) == len(pre) + len(rows) + len(post)
     assert torch.equal(hop.token_ids[len(pre):len(pre) + len(rows)], rows.token_ids)
     assert torch.allclose(hop.latents, rows.embeds[rows.token_ids == -1])
+
+
+# -- sentence / line spans ----------------------------------------------------------------------------
+def _rows_of(doc: str, tokens: list[str]) -> list[tuple[int, int]]:
+    """Character spans of consecutive pieces that spell `doc` (a stand-in for a tokenizer's offsets)."""
+    assert "".join(tokens) == doc
+    spans, at = [], 0
+    for t in tokens:
+        spans.append((at, at + len(t)))
+        at += len(t)
+    return spans
+
+
+def test_sentence_groups_end_at_sentences_lines_and_length():
+    from latentwire.select import sentence_groups
+
+    doc = "Ada led Orion. Bo led Vega in Oslo.\nBudget: 40k\nEnd"
+    pieces = ["Ada", " led", " Orion", ".", " Bo", " led", " Vega", " in", " Oslo", ".", "\n", "Budget", ":", " 40k",
+              "\n", "End"]
+    per_row = [None] + _rows_of(doc, pieces) + [None, None]  # template rows around the document
+    groups = sentence_groups(per_row, doc, max_len=32)
+    text = lambda g: "".join(doc[per_row[r][0]:per_row[r][1]] for r in g)  # noqa: E731
+    assert [text(g) for g in groups] == ["Ada led Orion.", " Bo led Vega in Oslo.", "\n", "Budget: 40k\n", "End"]
+    assert all(per_row[r] is not None for g in groups for r in g)  # never outside the document's rows
+    short = sentence_groups(per_row, doc, max_len=2)
+    assert max(map(len, short)) <= 2 and sum(map(len, short)) == len(pieces)
+    assert sentence_groups(per_row, doc, max_len=32) == groups  # deterministic
+
+
+@pytest.mark.parametrize("budget", [0, 1, 5, 9, 13, 40])
+def test_select_rows_with_groups_spends_the_budget_exactly(budget):
+    T = 20
+    scores = torch.linspace(0, 1, T, dtype=torch.float64)
+    keep = torch.zeros(T, dtype=torch.bool)
+    keep[0] = True
+    eligible = torch.ones(T, dtype=torch.bool)
+    eligible[-2:] = False  # template rows at the end
+    groups = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15, 16, 17], [18, 19]]
+    rows = select_rows(scores, budget, keep, eligible=eligible, groups=groups)
+    chosen = set(rows.tolist()) - {0}
+    assert len(chosen) == min(budget, 17) and chosen <= set(range(1, 18))
+    assert torch.equal(rows, select_rows(scores, budget, keep, eligible=eligible, groups=groups))
+
+
+def test_cacheback_sentence_spans_keep_whole_sentences(agent_for):
+    from latentwire.protocols.cacheback import CacheBack, document_rows
+
+    agent = agent_for("llama")
+    doc = "Ada led Orion in Lisbon. " * 4 + "Bo led Vega in Oslo."
+    cb = CacheBack(ratio=4, latent_steps=0, span_mode="sentence")
+    state = cb.read(agent, doc)
+    per_row, eligible = document_rows(agent, doc, len(state))
+    groups = cb.span_groups(per_row, doc)
+    rows = set(cb.choose(agent, state, "Where did Bo lead?", eligible, groups).tolist())
+    budget = -(-len(state) // 4)
+    kept_doc = {r for r in rows if eligible[r]}
+    assert len(kept_doc) == budget
+    whole = [g for g in groups if set(g) <= kept_doc]
+    assert sum(map(len, whole)) >= budget - max(map(len, groups))  # at most one group cut to fit

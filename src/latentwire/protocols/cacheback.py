@@ -18,12 +18,13 @@ import torch
 from ..agent import KV_PROMPT, LATENT_MODES, Agent
 from ..errors import TaskFormatError, UnknownNameError
 from ..message import Rows
-from ..select import SELECTORS, SPAN, always_kept, fanin_budget, get_selector, select_rows
+from ..select import SELECTORS, SPAN, always_kept, fanin_budget, get_selector, select_rows, sentence_groups
 from ..state import KVState
 from .base import SENDER_PROMPT, Outcome, Protocol, register
 
 ENCODINGS = ("rows", "token_ids")
 QUERY_FORMATS = ("turn", "raw")
+SPAN_MODES = ("fixed", "sentence")
 # Background calibration: divide the question's scores by those of a content-free query in the same
 # template, so rows that every query attends to (the opening rows, recent rows) stop spending budget.
 CALIBRATIONS = ("none", "generic", "masked")
@@ -45,6 +46,9 @@ class CacheBack(Protocol):
     selector_params: dict = field(default_factory=dict)
     encoding: str = "rows"  # "rows" (one hidden-size row per position) or "token_ids" (ids + latent rows)
     span: int = SPAN
+    # "fixed": spans of `span` document rows (the paper); "sentence": spans end at the document's sentence
+    # and line boundaries (at most 2·span rows), so a fact is not split across two spans.
+    span_mode: str = "fixed"
     # How q is appended after the finished state: "turn" = the receiver's own next chat turn asking the
     # question (what the receiver would prefill), "raw" = the question's tokens alone.
     query_format: str = "turn"
@@ -68,6 +72,10 @@ class CacheBack(Protocol):
             raise UnknownNameError("query format", self.query_format, QUERY_FORMATS)
         if self.selector not in SELECTORS:
             raise UnknownNameError("selector", self.selector, SELECTORS)
+        if self.span_mode not in SPAN_MODES:
+            raise UnknownNameError("span mode", self.span_mode, SPAN_MODES)
+        if self.span < 1:
+            raise ValueError(f"span must be ≥ 1, got {self.span}")
         if self.calibration not in CALIBRATIONS:
             raise UnknownNameError("calibration", self.calibration, CALIBRATIONS)
         if self.calibration_floor <= 0:
@@ -111,10 +119,17 @@ class CacheBack(Protocol):
             background = cached[key]
         return calibrate(scores, background, self.calibration_floor)
 
-    def choose(self, sender: Agent, state: KVState, question: str, eligible: torch.Tensor | None = None) -> torch.Tensor:
-        """Row indices to send for this question (re-scoring a stored state; the sender is not re-run)."""
+    def choose(self, sender: Agent, state: KVState, question: str, eligible: torch.Tensor | None = None,
+               groups: list[list[int]] | None = None) -> torch.Tensor:
+        """Row indices to send for this question (re-scoring a stored state; the sender is not re-run).
+        `groups`: the span units (`span_groups`); None = fixed spans of `span` rows."""
         scores = self.scores(sender, state, question)
-        return select_rows(scores, fanin_budget(len(state), self.ratio), always_kept(state), self.span, eligible)
+        return select_rows(scores, fanin_budget(len(state), self.ratio), always_kept(state), self.span, eligible,
+                           groups)
+
+    def span_groups(self, per_row: list, document: str) -> list[list[int]] | None:
+        """The span units `choose` ranks for this document: None (fixed spans) or its sentences and lines."""
+        return sentence_groups(per_row, document, 2 * self.span) if self.span_mode == "sentence" else None
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
         parts, seconds, kept, timing = [], [], [], []
@@ -123,7 +138,7 @@ class CacheBack(Protocol):
             state = self.read(sender, doc)
             t1 = time.perf_counter()
             per_row, eligible = document_rows(sender, doc, len(state))
-            rows = self.choose(sender, state, question, eligible)
+            rows = self.choose(sender, state, question, eligible, self.span_groups(per_row, doc))
             parts.append(sender.rows(state.select(rows)))
             # Press baselines re-run the prefill to record scores a deployed sender records while reading:
             # that re-run is not charged, the scoring inside it is.

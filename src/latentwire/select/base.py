@@ -56,12 +56,13 @@ def always_kept(state: KVState) -> torch.Tensor:
 
 
 def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int = SPAN,
-                eligible: torch.Tensor | None = None) -> torch.Tensor:
+                eligible: torch.Tensor | None = None, groups: list[list[int]] | None = None) -> torch.Tensor:
     """Row indices to send: the always-kept rows plus whole spans, best mean score first, within `budget`.
 
     The eligible rows that are not always kept (by default all of them; a protocol passes the rows of
     the sender's document, so template tokens never spend budget) are cut, in order, into spans of
-    `span` rows; spans are ranked by mean score (ties: the earlier span first) and added whole while
+    `span` rows — or, with `groups` (e.g. `sentence_groups`), into those groups, each restricted to the
+    candidate rows; spans are ranked by mean score (ties: the earlier span first) and added whole while
     they fit; the budget left over is then filled from the best span not taken, with its contiguous
     window of that width of highest mean score (ties: the earliest). So exactly min(budget, candidates)
     rows join the kept ones, and a budget below one span (T = 1,000 at 128×: B = 8) still sends the best
@@ -72,7 +73,12 @@ def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int
     if budget < 0 or span < 1:
         raise ValueError(f"budget must be ≥ 0 and span ≥ 1, got {budget}, {span}")
     free = torch.nonzero(~keep if eligible is None else eligible & ~keep).flatten()  # candidate rows, in order
-    spans = [free[i:i + span] for i in range(0, len(free), span)]
+    if groups is None:
+        spans = [free[i:i + span] for i in range(0, len(free), span)]
+    else:
+        candidate = set(free.tolist())
+        spans = [torch.tensor(g, dtype=torch.int64, device=scores.device) for g in
+                 ([r for r in group if r in candidate] for group in groups) if g]
     means = [float(scores[s].double().mean()) for s in spans]
     order = sorted(range(len(spans)), key=lambda i: (-means[i], i))
     chosen, used, rest = [], 0, []
@@ -90,6 +96,37 @@ def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int
         chosen.append(rows_[start:start + left])
     rows = torch.cat([torch.nonzero(keep).flatten(), *chosen]) if chosen else torch.nonzero(keep).flatten()
     return torch.sort(rows).values
+
+
+def sentence_groups(per_row: list[tuple[int, int] | None], document: str, max_len: int = 2 * SPAN) -> list[list[int]]:
+    """Document rows grouped into sentences and lines: the span unit of CacheBack's `span_mode="sentence"`.
+
+    per_row: for each row of a sender state, the character span of `document` it covers (None for
+    template rows), as `protocols.cacheback.document_rows` gives. A group ends after a row whose text
+    ends a line (holds a newline) or a sentence (".", "!" or "?" followed by whitespace or the end), at a
+    gap in the document rows, or at `max_len` rows (a long sentence is cut into near-equal parts). Groups are in document order and never leave the document's rows.
+    """
+    if max_len < 1:
+        raise ValueError(f"max_len must be ≥ 1, got {max_len}")
+    groups, current = [], []
+    rows = [r for r, sp in enumerate(per_row) if sp is not None]
+    for k, r in enumerate(rows):
+        current.append(r)
+        a, b = per_row[r]
+        nxt = rows[k + 1] if k + 1 < len(rows) else None
+        after = document[b] if b < len(document) else " "
+        text = document[a:b]
+        ends = "\n" in text or (text.rstrip()[-1:] in (".", "!", "?") and after.isspace()) or nxt != r + 1
+        if ends:
+            groups += _split_even(current, max_len)
+            current = []
+    return groups
+
+
+def _split_even(rows: list[int], max_len: int) -> list[list[int]]:
+    parts = math.ceil(len(rows) / max_len)
+    size = math.ceil(len(rows) / parts)
+    return [rows[i:i + size] for i in range(0, len(rows), size)]
 
 
 SELECTORS: dict[str, type[Selector]] = {}

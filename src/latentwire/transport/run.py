@@ -56,7 +56,7 @@ def cacheback_send(node, spec, document: str, question: str):
     state = p.read(agent, document)
     t1 = time.perf_counter()
     per_row, eligible = document_rows(agent, document, len(state))
-    rows = p.choose(agent, state, question, eligible)
+    rows = p.choose(agent, state, question, eligible, p.span_groups(per_row, document))
     kept = state.select(rows)
     out = agent.rows(kept)
     rerun = getattr(p._selector, "last_seconds", 0.0) - getattr(p._selector, "last_press_seconds", 0.0)
