@@ -30,6 +30,7 @@ from latentwire.select import always_kept, fanin_budget, get_selector, select_ro
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "results"
 RATIOS = (2, 4, 8, 16, 32, 64, 128)
+QA = "snapkv[question in sender]"
 SELECTORS = ("cacheback", "cacheback+generic", "cacheback+masked", "mean_query", "snapkv", "h2o", "tova", "knorm",
              "chunkkv", "kvzip", "streaming_llm", "random")
 
@@ -50,6 +51,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--latent-steps", type=int, default=8)
     ap.add_argument("--selectors", default=",".join(SELECTORS))
+    ap.add_argument("--no-question-aware", dest="question_aware", action="store_false",
+                    help=f"skip the `{QA}` row (a second read of every document)")
     ap.add_argument("--sentence-spans", default="cacheback,cacheback+generic,cacheback+masked",
                     help="selectors also run with spans snapped to sentences / lines (rows NAME/sentence)")
     ap.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE",
@@ -62,7 +65,13 @@ def main() -> None:
     reader = CacheBack(latent_steps=args.latent_steps)
     names = list(args.selectors.split(",")) + ["cacheback[unrelated q]"]
     names += [f"{n}/sentence" for n in args.sentence_spans.split(",") if n in names]
-    scorers = {name: scorer(name, args.latent_steps) for name in names}
+    # The strongest baseline that sees the question without a receiver query: the sender reads the
+    # question with its document and SnapKV's observation window covers it (a state per question).
+    qa_reader = CacheBack(latent_steps=args.latent_steps, selector="snapkv", query_aware=True) \
+        if args.question_aware else None
+    if qa_reader:
+        names.append(QA)
+    scorers = {name: scorer(name, args.latent_steps) for name in names if name != QA}
     hits = {(s, r): [] for s in names for r in RATIOS}  # per-episode recall
     read_s, prefill_s, select_s = [], [], []
     unsupported: dict[str, str] = {}
@@ -80,8 +89,18 @@ def main() -> None:
             per_row, eligible = document_rows(agent, doc, len(state))
             groups = sentence_groups(per_row, doc)
             memo = {}
+            if qa_reader:
+                prompt = qa_reader.sender_prompt(doc, ep.question)
+                qa_state = qa_reader.read(agent, doc, ep.question)
+                qa_rows, qa_eligible = document_rows(agent, doc, len(qa_state), prompt)
+                qa_scores = qa_reader.scores(agent, qa_state, ep.question)
+                for r in RATIOS:
+                    rows = select_rows(qa_scores, fanin_budget(len(qa_state), r), always_kept(qa_state),
+                                       eligible=qa_eligible)
+                    spans = kept_document_spans(qa_rows, rows)
+                    kept[(QA, r)] += len(gold & set(span_token_positions(doc, spans, tok)))
             for name in names:
-                if name in unsupported:
+                if name in unsupported or name == QA:
                     continue
                 t1 = time.perf_counter()
                 try:
@@ -114,13 +133,14 @@ def main() -> None:
                for h in sorted(set(hops), key=str)}
     share, share_prefill = sum(select_s) / sum(read_s), sum(select_s) / sum(prefill_s)
     agnostic = [n for n in names if n in SELECTORS and "+" not in n and "/" not in n
-                and not get_selector(n).query_conditioned]
+                and not get_selector(n).query_conditioned]  # receiver-agnostic and question-blind
     best = {r: max(agnostic, key=lambda n: table[n][r]) for r in RATIOS} if agnostic else {}
     tag = "".join(f"_{k}{v}" for k, v in filters.items())
     task_name = Path(args.task).stem if args.task.endswith(".jsonl") or "/" in args.task else args.task
     cmd = (f"python benchmarks/evidence_recall.py --model {args.model} --task {args.task} --n {args.n} "
            f"--seed {args.seed} --latent-steps {args.latent_steps} --selectors {args.selectors}"
-           + f" --sentence-spans {args.sentence_spans}" + "".join(f" --filter {f}" for f in args.filter))
+           + f" --sentence-spans {args.sentence_spans}" + ("" if args.question_aware else " --no-question-aware")
+           + "".join(f" --filter {f}" for f in args.filter))
     header = "| selector | " + " | ".join(f"{r}×" for r in RATIOS) + " |"
     lines = [f"# Evidence recall vs compression ({task_name}{tag}, {args.model}, {len(episodes)} episodes, "
              f"G = {args.latent_steps})", "", f"Command: `{cmd}`", "",
@@ -131,6 +151,9 @@ def main() -> None:
     if best and "cacheback" in table:
         lines += ["| *cacheback − best receiver-agnostic* | " + " | ".join(
             f"{100 * (table['cacheback'][r] - table[best[r]][r]):+.0f} pp ({best[r]})" for r in RATIOS) + " |"]
+    if QA in table and "cacheback" in table:
+        lines += [f"| *cacheback − {QA}* | " + " | ".join(
+            f"{100 * (table['cacheback'][r] - table[QA][r]):+.0f} pp" for r in RATIOS) + " |"]
     lines += [f"| {n} | unsupported on {args.model}: {why} |" for n, why in unsupported.items()]
     if len(by_hops) > 1:
         lines += ["", "Recall at 8× by `meta.hops`:", "",

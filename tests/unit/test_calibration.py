@@ -90,3 +90,20 @@ def test_a_calibrated_protocol_pickles_without_its_cache(agent_for):
     cb.scores(agent_for("llama"), state, "How many bolts?")
     again = pickle.loads(pickle.dumps(cb))
     assert again == cb and len(again._background) == 0
+
+
+def test_question_aware_sender_reads_the_question_and_sends_document_rows_only(agent_for):
+    agent = agent_for("llama")
+    doc, question = "The blue crate holds 58 bolts. The red crate holds 12 nails.", "How many bolts?"
+    cb = CacheBack(ratio=4, latent_steps=0, selector="snapkv", query_aware=True)
+    with pytest.raises(ValueError, match="question="):
+        cb.read(agent, doc)
+    state = cb.read(agent, doc, question)
+    blind = CacheBack(ratio=4, latent_steps=0).read(agent, doc)
+    assert len(state) > len(blind)  # the question is in the sender's own prompt
+    per_row, eligible = document_rows(agent, doc, len(state), cb.sender_prompt(doc, question))
+    assert int(eligible.sum()) == int(document_rows(agent, doc, len(blind))[1].sum())  # question rows never eligible
+    rows = cb.choose(agent, state, question, eligible)
+    assert all(bool(eligible[r]) or r == 0 for r in rows.tolist())
+    out = cb.run([agent], [doc], agent, question)
+    assert out.details["message_rows"] == len(rows)

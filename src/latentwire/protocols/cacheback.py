@@ -20,7 +20,7 @@ from ..errors import TaskFormatError, UnknownNameError
 from ..message import Rows
 from ..select import SELECTORS, SPAN, always_kept, fanin_budget, get_selector, select_rows, sentence_groups
 from ..state import KVState
-from .base import SENDER_PROMPT, Outcome, Protocol, register
+from .base import QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register
 
 ENCODINGS = ("rows", "token_ids")
 QUERY_FORMATS = ("turn", "raw")
@@ -57,6 +57,10 @@ class CacheBack(Protocol):
     # "thing" (same length and shape, one more scoring pass per question). See `calibrate`.
     calibration: str = "none"
     calibration_floor: float = 0.05  # κ: background scores below κ·mean(background) count as κ·mean
+    # The sender reads the question with its document (kvpress's query-aware setting). With a
+    # receiver-agnostic selector (snapkv) this is the strongest baseline that sees the question without
+    # a receiver query; the stored state then serves that one question only.
+    query_aware: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -95,9 +99,16 @@ class CacheBack(Protocol):
         self.__dict__.update(state)
         self._background = weakref.WeakKeyDictionary()
 
-    def read(self, sender: Agent, document: str) -> KVState:
-        """The sender's finished, query-blind state: prefill + latent steps."""
-        return sender.think(sender.prefill(SENDER_PROMPT.format(document=document)), self.latent_steps,
+    def sender_prompt(self, document: str, question: str | None = None) -> str:
+        if not self.query_aware:
+            return SENDER_PROMPT.format(document=document)
+        if question is None:
+            raise ValueError("a query_aware sender reads the question with its document: pass question=")
+        return SENDER_PROMPT.format(document=document) + QUESTION_SUFFIX.format(question=question)
+
+    def read(self, sender: Agent, document: str, question: str | None = None) -> KVState:
+        """The sender's finished state: prefill + latent steps (query-blind unless `query_aware`)."""
+        return sender.think(sender.prefill(self.sender_prompt(document, question)), self.latent_steps,
                             self.latent_mode)
 
     def query_text(self, sender: Agent, question: str) -> str:
@@ -135,9 +146,9 @@ class CacheBack(Protocol):
         parts, seconds, kept, timing = [], [], [], []
         for sender, doc in self._pair(senders, documents):
             t0 = time.perf_counter()
-            state = self.read(sender, doc)
+            state = self.read(sender, doc, question)
             t1 = time.perf_counter()
-            per_row, eligible = document_rows(sender, doc, len(state))
+            per_row, eligible = document_rows(sender, doc, len(state), self.sender_prompt(doc, question))
             rows = self.choose(sender, state, question, eligible, self.span_groups(per_row, doc))
             parts.append(sender.rows(state.select(rows)))
             # Press baselines re-run the prefill to record scores a deployed sender records while reading:
@@ -173,14 +184,17 @@ def masked_question(question: str) -> str:
     return re.sub(r"[^\W_]+", lambda m: m.group(0) if m.group(0).lower() in _FUNCTION_WORDS else "thing", question)
 
 
-def document_rows(sender: Agent, document: str, n_rows: int) -> tuple[list[tuple[int, int] | None], torch.Tensor]:
+def document_rows(sender: Agent, document: str, n_rows: int, prompt: str | None = None
+                  ) -> tuple[list[tuple[int, int] | None], torch.Tensor]:
     """Map a sender state's rows to its document: per prompt row the character span of `document` it
-    covers (None for template rows), and an (n_rows,) bool mask of document rows (latent rows: False).
+    covers (None for template and question rows), and an (n_rows,) bool mask of document rows (latent
+    rows: False). `prompt`: what the sender read (default: SENDER_PROMPT around the document).
 
     Only document rows compete for the budget: template tokens would be wasted in a message the
     receiver re-prefills inside its own template.
     """
-    per_row = token_document_spans(sender, sender.chat_text(SENDER_PROMPT.format(document=document)), document)
+    prompt = SENDER_PROMPT.format(document=document) if prompt is None else prompt
+    per_row = token_document_spans(sender, sender.chat_text(prompt), document)
     eligible = torch.zeros(n_rows, dtype=torch.bool, device=sender.device)  # with the sender's state
     eligible[: len(per_row)] = torch.tensor([span is not None for span in per_row], dtype=torch.bool,
                                             device=sender.device)

@@ -53,9 +53,9 @@ def cacheback_send(node, spec, document: str, question: str):
 
     p, agent = node.protocol(*spec), node.agent
     t0 = time.perf_counter()
-    state = p.read(agent, document)
+    state = p.read(agent, document, question)
     t1 = time.perf_counter()
-    per_row, eligible = document_rows(agent, document, len(state))
+    per_row, eligible = document_rows(agent, document, len(state), p.sender_prompt(document, question))
     rows = p.choose(agent, state, question, eligible, p.span_groups(per_row, document))
     kept = state.select(rows)
     out = agent.rows(kept)
