@@ -9,7 +9,8 @@
    `facts` episodes (3 senders, ~500 tokens each), model in bf16 on the GPU; the same episodes on the
    CPU are in docs/results/dtype_speed/ for comparison.
 3. The selection agreement of CacheBack on bf16 vs fp32 GPU states (Jaccard of the kept rows).
-Writes docs/results/gpu_smoke.{md,json} and the run folder docs/results/gpu_smoke/.
+Writes docs/results/gpu_smoke.{md,json} and the run folder docs/results/gpu_smoke/ (`--out`).
+`--device cpu --n 1 --model smollm2-135m --out /tmp/gpu_smoke` checks the script itself without a GPU.
 """
 from __future__ import annotations
 
@@ -46,17 +47,20 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--model", default="qwen2.5-0.5b")
     ap.add_argument("--n", type=int, default=12)
+    ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
-    if not torch.cuda.is_available():
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit("gpu_smoke.py needs a CUDA device (torch.cuda.is_available() is False)")
+    out_dir = args.out
     from latentwire.agent import Agent
     from latentwire.bench.report import read_run, summarize
     from latentwire.bench.runner import RunConfig, environment, run
     from latentwire.bench.tasks import load_task
     from latentwire.protocols.cacheback import CacheBack, document_rows
 
-    result = {"gpu": torch.cuda.get_device_name(), "tests": device_tests(args.device)}
-    runs = ROOT / "runs" / "gpu_smoke"
+    gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"no GPU ({args.device})"
+    result = {"gpu": gpu, "tests": device_tests(args.device)}
+    runs = ROOT / "runs" / "gpu_smoke" if out_dir == OUT else out_dir / "run"  # runs/ is not committed
     agent = Agent.from_pretrained(args.model, device=args.device, dtype="bfloat16")
     t0 = time.perf_counter()
     run(RunConfig("facts", ",".join(PROTOCOLS), agent.model_name, args.n, 0, {"length_bucket": 500},
@@ -77,7 +81,7 @@ def main() -> None:
                 kept.append(set(cb.choose(a, state, ep.question, document_rows(a, doc, len(state))[1]).tolist()))
             jaccard.append(len(kept[0] & kept[1]) / max(1, len(kept[0] | kept[1])))
     result["jaccard_bf16_fp32"] = {"n": len(jaccard), "mean": sum(jaccard) / len(jaccard), "min": min(jaccard)}
-    dest = OUT / "gpu_smoke"
+    dest = out_dir / "gpu_smoke"
     dest.mkdir(parents=True, exist_ok=True)
     for f in ("config.json", "records.jsonl"):
         shutil.copy(runs / f, dest / f)
@@ -98,8 +102,9 @@ def main() -> None:
                   f"min {j['min']:.3f} over {j['n']} sender documents."]
     text = "\n".join(lines) + "\n"
     print(text)
-    (OUT / "gpu_smoke.md").write_text(text)
-    (OUT / "gpu_smoke.json").write_text(json.dumps(result | {"command": cmd, "environment": env}, indent=2) + "\n")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "gpu_smoke.md").write_text(text)
+    (out_dir / "gpu_smoke.json").write_text(json.dumps(result | {"command": cmd, "environment": env}, indent=2) + "\n")
     sys.exit(result["tests"]["returncode"])
 
 
