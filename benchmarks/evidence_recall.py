@@ -38,9 +38,7 @@ SELECTORS = ("cacheback", "cacheback+generic", "cacheback+masked", "mean_query",
 def scorer(name: str, latent_steps: int):
     """`name`, `name+calibration` (and either with `/sentence`: the same scores, sentence spans) -> the
     (agent, state, question) -> (T,) scores of CacheBack.scores with that selector and calibration."""
-    base, _, calibration = name.split("[")[0].split("/")[0].partition("+")
-    cb = CacheBack(latent_steps=latent_steps, selector=base, calibration=calibration or "none")
-    return cb.scores
+    return CacheBack.variant(name.split("[")[0].split("/")[0], latent_steps=latent_steps).scores
 
 
 def main() -> None:

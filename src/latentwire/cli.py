@@ -241,7 +241,8 @@ def main(argv=None) -> int:
     insp.add_argument("--task", default="facts")
     insp.add_argument("--episode", required=True)
     insp.add_argument("--model", default="smollm2-135m")
-    insp.add_argument("--selectors", default="cacheback,mean_query,streaming_llm,random")
+    insp.add_argument("--selectors", default="cacheback,cacheback+generic,mean_query,streaming_llm",
+                      help="comma-separated SELECTOR[+CALIBRATION][/sentence], e.g. cacheback+masked/sentence")
     insp.add_argument("--ratio", type=float, default=8.0)
     insp.add_argument("--latent-steps", type=int, default=8)
     insp.add_argument("--out", default="inspect.html")

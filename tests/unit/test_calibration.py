@@ -107,3 +107,11 @@ def test_question_aware_sender_reads_the_question_and_sends_document_rows_only(a
     assert all(bool(eligible[r]) or r == 0 for r in rows.tolist())
     out = cb.run([agent], [doc], agent, question)
     assert out.details["message_rows"] == len(rows)
+
+
+def test_variant_names():
+    cb = CacheBack.variant("cacheback+masked/sentence", ratio=4)
+    assert (cb.selector, cb.calibration, cb.span_mode, cb.ratio) == ("cacheback", "masked", "sentence", 4)
+    assert CacheBack.variant("snapkv").calibration == "none"
+    with pytest.raises(UnknownNameError):
+        CacheBack.variant("cacheback/lines")

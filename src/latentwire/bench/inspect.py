@@ -72,10 +72,11 @@ def inspect_episode(agent: Agent, ep: Episode, selectors: list[str], ratio: floa
         per_row, eligible = document_rows(agent, doc, len(state))
         parts.append(f"<h3>sender {a} ({len(state)} rows, budget {fanin_budget(len(state), ratio)})</h3>"
                      f"<div class=grid style='grid-template-columns:repeat({cols},1fr)'>")
-        for name in selectors:
-            proto = CacheBack(ratio=ratio, latent_steps=latent_steps, selector=name)
-            scores = proto._selector.score(agent, state, proto.query_text(agent, ep.question))
-            rows = select_rows(scores, fanin_budget(len(state), ratio), always_kept(state), proto.span, eligible)
+        for name in selectors:  # SELECTOR[+CALIBRATION][/sentence], see CacheBack.variant
+            proto = CacheBack.variant(name, ratio=ratio, latent_steps=latent_steps)
+            scores = proto.scores(agent, state, ep.question)
+            rows = select_rows(scores, fanin_budget(len(state), ratio), always_kept(state), proto.span, eligible,
+                               proto.span_groups(per_row, doc))
             body = _render(doc, _char_marks(doc, rows, scores, per_row), gold)
             parts.append(f"<div><b>{html.escape(name)}</b> <span class=meta>{len(rows)} rows</span>"
                          f"<div class=doc>{body}</div></div>")

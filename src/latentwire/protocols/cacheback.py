@@ -90,6 +90,17 @@ class CacheBack(Protocol):
         # stored state -> its generic background scores: follow-up questions reuse them (states are values)
         self._background: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
+    @classmethod
+    def variant(cls, spec: str, **fields) -> "CacheBack":
+        """A CacheBack from a short variant name, `SELECTOR[+CALIBRATION][/sentence]` (as `inspect` and the
+        recall benchmark name their columns): "cacheback+generic/sentence" = selector "cacheback",
+        calibration "generic", span_mode "sentence". Other fields as keywords."""
+        head, slash, mode = spec.partition("/")
+        selector, _, calibration = head.partition("+")
+        if slash and mode != "sentence":
+            raise UnknownNameError("span mode suffix", mode, ["sentence"])
+        return cls(selector=selector, calibration=calibration or "none", span_mode=mode or "fixed", **fields)
+
     def __getstate__(self):  # picklable (protocols travel to Ray actors): the background cache stays behind
         state = self.__dict__.copy()
         state["_background"] = None
