@@ -125,7 +125,8 @@ def main() -> None:
 
 
 def write(results: dict, args, filters: list[str]) -> None:
-    cmd = (f"python benchmarks/dtype_speed.py --models {args.models} --task {args.task} --n {args.n} --seed {args.seed}"
+    models = ",".join(results)  # every model on the page (earlier invocations' included)
+    cmd = (f"python benchmarks/dtype_speed.py --models {models} --task {args.task} --n {args.n} --seed {args.seed}"
            + "".join(f" --filter {f}" for f in filters) + f" --device {args.device} --reps {args.reps}")
     env = environment()
     lines = ["# fp32 vs bf16: speed and fan-in accuracy per bundled model", "", f"Command: `{cmd}`", "",
