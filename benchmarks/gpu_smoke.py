@@ -98,7 +98,7 @@ def main() -> None:
         lines.append(f"| `{p}` | {s['n']} | {s['errors']} | {a[0]:.2f} [{a[1]:.2f}, {a[2]:.2f}] | "
                      f"{s['tteoa_median'] or float('nan'):.3f} |")
     j = result["jaccard_bf16_fp32"]
-    lines += ["", f"CacheBack 8× kept rows, bf16 vs fp32 states on the GPU: Jaccard mean {j['mean']:.3f}, "
+    lines += ["", f"CacheBack 8× kept rows, bf16 vs fp32 states on {args.device}: Jaccard mean {j['mean']:.3f}, "
                   f"min {j['min']:.3f} over {j['n']} sender documents."]
     text = "\n".join(lines) + "\n"
     print(text)
