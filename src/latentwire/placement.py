@@ -118,11 +118,11 @@ def check_runs(device: torch.device, dtype: torch.dtype) -> None:
 
 def resolve(device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> Placement:
     """Validate a requested device and dtype and fill in the defaults (see the module docstring)."""
-    dev = parse_device(device) or parse_device(os.environ.get("LATENTWIRE_DEVICE")) or default_device()
+    dev, env_dev = parse_device(device), parse_device(os.environ.get("LATENTWIRE_DEVICE"))
+    reasons = ["device given" if dev else "device from $LATENTWIRE_DEVICE" if env_dev else
+               "CUDA available" if torch.cuda.is_available() else "no CUDA"]
+    dev = dev or env_dev or default_device()
     dt = parse_dtype(dtype)
-    reasons = ["device given" if device not in (None, "auto") else
-               "device from $LATENTWIRE_DEVICE" if os.environ.get("LATENTWIRE_DEVICE", "auto") != "auto" else
-               "CUDA available" if dev.type == "cuda" else "no CUDA"]
     if dt is None:
         dt = parse_dtype(os.environ.get("LATENTWIRE_DTYPE"))
         if dt is None:

@@ -198,7 +198,8 @@ def build_cache(name: str) -> Path:
 
 
 def _is_pathlike(name: str) -> bool:
-    return name.startswith(("/", "./", "../", "~")) or os.sep in name.rstrip(os.sep) and Path(name).parent.exists()
+    """Written as a path (absolute, relative or home), so never a hub id like "Qwen/Qwen3-0.6B"."""
+    return name.startswith(("/", "./", "../", "~"))
 
 
 def resolve_source(name_or_path: str) -> tuple[str | Path, str, bool]:
