@@ -30,7 +30,8 @@ from latentwire.select import always_kept, fanin_budget, get_selector, select_ro
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "results"
 RATIOS = (2, 4, 8, 16, 32, 64, 128)
-QA = "snapkv[question in sender]"
+QA = "snapkv[question in sender]"  # SnapKV's window = the question (the rows after the document)
+QA64 = "snapkv[question in sender, window 64]"  # kvpress's default window: also the document's last rows
 SELECTORS = ("cacheback", "cacheback+generic", "cacheback+masked", "mean_query", "snapkv", "h2o", "tova", "knorm",
              "chunkkv", "kvzip", "streaming_llm", "random")
 
@@ -65,13 +66,14 @@ def main() -> None:
     names += [f"{n}/sentence" for n in args.sentence_spans.split(",") if n in names]
     # The strongest baseline that sees the question without a receiver query: the sender reads the
     # question with its document and SnapKV's observation window covers it (a state per question).
-    qa_reader = CacheBack(latent_steps=args.latent_steps, selector="snapkv", query_aware=True) \
-        if args.question_aware else None
-    if qa_reader:
-        names.append(QA)
-    scorers = {name: scorer(name, args.latent_steps) for name in names if name != QA}
+    qa_readers = {QA: CacheBack(latent_steps=args.latent_steps, selector="snapkv", query_aware=True),
+                  QA64: CacheBack(latent_steps=args.latent_steps, selector="snapkv", query_aware=True,
+                                  selector_params={"window_size": 64})} if args.question_aware else {}
+    names += list(qa_readers)
+    scorers = {name: scorer(name, args.latent_steps) for name in names if name not in qa_readers}
     hits = {(s, r): [] for s in names for r in RATIOS}  # per-episode recall
     read_s, prefill_s, select_s = [], [], []
+    score_s: dict[str, list[float]] = {}  # selector -> seconds to score one state for one question
     unsupported: dict[str, str] = {}
     for i, ep in enumerate(episodes):
         unrelated = episodes[(i + len(episodes) // 2) % len(episodes)].question
@@ -87,24 +89,27 @@ def main() -> None:
             per_row, eligible = document_rows(agent, doc, len(state))
             groups = sentence_groups(per_row, doc)
             memo = {}
-            if qa_reader:
+            if qa_readers:  # one read with the question, scored with both windows
+                qa_reader = qa_readers[QA]
                 prompt = qa_reader.sender_prompt(doc, ep.question)
                 qa_state = qa_reader.read(agent, doc, ep.question)
                 qa_rows, qa_eligible = document_rows(agent, doc, len(qa_state), prompt)
-                qa_scores = qa_reader.scores(agent, qa_state, ep.question)
-                for r in RATIOS:
-                    rows = select_rows(qa_scores, fanin_budget(len(qa_state), r), always_kept(qa_state),
-                                       eligible=qa_eligible)
-                    spans = kept_document_spans(qa_rows, rows)
-                    kept[(QA, r)] += len(gold & set(span_token_positions(doc, spans, tok)))
+                for qa_name, reader_ in qa_readers.items():
+                    qa_scores = reader_.scores(agent, qa_state, ep.question, qa_rows)
+                    for r in RATIOS:
+                        rows = select_rows(qa_scores, fanin_budget(len(qa_state), r), always_kept(qa_state),
+                                           eligible=qa_eligible)
+                        spans = kept_document_spans(qa_rows, rows)
+                        kept[(qa_name, r)] += len(gold & set(span_token_positions(doc, spans, tok)))
             for name in names:
-                if name in unsupported or name == QA:
+                if name in unsupported or name in qa_readers:
                     continue
                 t1 = time.perf_counter()
                 try:
                     key = name.split("/")[0]  # `x/sentence` re-uses x's scores of this state
                     if key not in memo:
                         memo[key] = scorers[name](agent, state, unrelated if "unrelated" in name else ep.question)
+                        score_s.setdefault(key, []).append(time.perf_counter() - t1)
                     scores = memo[key]
                 except PressUnsupportedError as e:  # e.g. kvzip on Gemma3: reported, not hidden
                     unsupported[name] = str(e).split(". ")[0]
@@ -161,7 +166,12 @@ def main() -> None:
     lines += ["", f"Scoring + selection (CacheBack, one query, 8×) took {100 * share_prefill:.1f}% of the sender's "
               f"prefill time and {100 * share:.1f}% of prefill + latent steps (median prefill "
               f"{statistics.median(prefill_s):.2f} s, read {statistics.median(read_s):.2f} s, score + select "
-              f"{statistics.median(select_s):.3f} s).", "", f"![recall](evidence_recall_{task_name}{tag}_{args.model}.png)"]
+              f"{statistics.median(select_s):.3f} s).", "",
+              "Median seconds to score one state for one question (`+generic`: the first question on a state, "
+              "which also scores the generic query; follow-up questions reuse it and cost what `cacheback` "
+              "costs; `+masked`: every question pays a second pass): "
+              + ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in score_s.items()
+                          if k.startswith("cacheback") and "[" not in k) + ".", "", f"![recall](evidence_recall_{task_name}{tag}_{args.model}.png)"]
     print("\n".join(lines))
     OUT.mkdir(parents=True, exist_ok=True)
     stem = OUT / f"evidence_recall_{task_name}{tag}_{args.model}"
@@ -172,6 +182,7 @@ def main() -> None:
                                                                     for n, t in cis.items()},
                                                       "per_episode": {f"{n}@{r}": v for (n, r), v in hits.items()},
                                                       "recall_at_8x_by_hops": {str(h): v for h, v in by_hops.items()},
+                                                      "score_seconds_median": {k: statistics.median(v) for k, v in score_s.items()},
                                                       "select_share": share, "select_share_of_prefill": share_prefill,
                                                       "episodes": [ep.id for ep in episodes],
                                                       "environment": environment()}, indent=2) + "\n")

@@ -109,6 +109,25 @@ def test_question_aware_sender_reads_the_question_and_sends_document_rows_only(a
     assert out.details["message_rows"] == len(rows)
 
 
+def test_question_aware_snapkv_observes_the_question_not_the_document_tail(agent_for):
+    agent = agent_for("llama")
+    doc, question = "The blue crate holds 58 bolts. The red crate holds 12 nails. " * 6, "How many bolts?"
+    cb = CacheBack(ratio=4, latent_steps=0, selector="snapkv", query_aware=True)
+    state = cb.read(agent, doc, question)
+    per_row, _ = document_rows(agent, doc, len(state), cb.sender_prompt(doc, question))
+    after_doc = len(per_row) - 1 - max(i for i, span in enumerate(per_row) if span is not None)
+    assert cb.selector_for(per_row).window_size == after_doc < 64  # the question and the template's tail
+    assert cb.selector_for(per_row) is cb.selector_for(per_row)  # one instance: its timings stay readable
+    assert cb.selector_for(None) is cb._selector
+    # SnapKV marks its window's rows max + 1: with the question as window, no document row is among them
+    scores = cb.scores(agent, state, question, per_row)
+    window_rows = torch.arange(len(per_row) - after_doc, len(per_row))
+    assert bool((scores[window_rows] == scores.max()).all())
+    assert float(scores[: len(per_row) - after_doc].max()) < float(scores.max())
+    fixed = CacheBack(ratio=4, latent_steps=0, selector="snapkv", query_aware=True, selector_params={"window_size": 64})
+    assert fixed.selector_for(per_row).window_size == 64  # an explicit window is kept
+
+
 def test_variant_names():
     cb = CacheBack.variant("cacheback+masked/sentence", ratio=4)
     assert (cb.selector, cb.calibration, cb.span_mode, cb.ratio) == ("cacheback", "masked", "sentence", 4)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import torch
@@ -59,7 +59,10 @@ class CacheBack(Protocol):
     calibration_floor: float = 0.05  # κ: background scores below κ·mean(background) count as κ·mean
     # The sender reads the question with its document (kvpress's query-aware setting). With a
     # receiver-agnostic selector (snapkv) this is the strongest baseline that sees the question without
-    # a receiver query; the stored state then serves that one question only.
+    # a receiver query; the stored state then serves that one question only. SnapKV then observes the
+    # question: its window is the rows read after the document (SnapKV's own setting), unless
+    # `selector_params` fixes `window_size` (kvpress's default, 64, also covers the document's last
+    # rows, which then score max + 1 and fill a small budget: 8x recall 0.0-0.9 vs 1.0 on 4 facts episodes).
     query_aware: bool = False
 
     def __post_init__(self):
@@ -89,6 +92,7 @@ class CacheBack(Protocol):
             raise ValueError(f"calibration needs a query-conditioned selector, not {self.selector!r}")
         # stored state -> its generic background scores: follow-up questions reuse them (states are values)
         self._background: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._windowed: dict = {}  # observation window -> query-aware SnapKV selector (`selector_for`)
 
     @classmethod
     def variant(cls, spec: str, **fields) -> "CacheBack":
@@ -126,9 +130,22 @@ class CacheBack(Protocol):
         return sender.continuation_text(KV_PROMPT.format(question=question)) if self.query_format == "turn" \
             else question
 
-    def scores(self, sender: Agent, state: KVState, question: str) -> torch.Tensor:
-        """(T,) row scores for this question, background-calibrated when `calibration` says so."""
-        scores = self._selector.score(sender, state, self.query_text(sender, question))
+    def selector_for(self, per_row: list | None = None):
+        """The selector that scores a state whose prompt rows map to the document as `per_row`: query-aware
+        SnapKV gets the question (the rows after the document) as its observation window."""
+        if not (self.query_aware and per_row and hasattr(self._selector, "window_size")
+                and "window_size" not in self.selector_params):
+            return self._selector
+        last = max((i for i, span in enumerate(per_row) if span is not None), default=len(per_row) - 1)
+        window = max(1, len(per_row) - 1 - last)
+        if window not in self._windowed:  # one instance per window: its timing fields stay readable
+            self._windowed[window] = replace(self._selector, window_size=window)
+        return self._windowed[window]
+
+    def scores(self, sender: Agent, state: KVState, question: str, per_row: list | None = None) -> torch.Tensor:
+        """(T,) row scores for this question, background-calibrated when `calibration` says so. `per_row`
+        (`document_rows`): where the document sits in the sender's prompt (used by query-aware SnapKV)."""
+        scores = self.selector_for(per_row).score(sender, state, self.query_text(sender, question))
         if self.calibration == "none":
             return scores
         if self.calibration == "masked":
@@ -142,10 +159,10 @@ class CacheBack(Protocol):
         return calibrate(scores, background, self.calibration_floor)
 
     def choose(self, sender: Agent, state: KVState, question: str, eligible: torch.Tensor | None = None,
-               groups: list[list[int]] | None = None) -> torch.Tensor:
+               groups: list[list[int]] | None = None, per_row: list | None = None) -> torch.Tensor:
         """Row indices to send for this question (re-scoring a stored state; the sender is not re-run).
         `groups`: the span units (`span_groups`); None = fixed spans of `span` rows."""
-        scores = self.scores(sender, state, question)
+        scores = self.scores(sender, state, question, per_row)
         return select_rows(scores, fanin_budget(len(state), self.ratio), always_kept(state), self.span, eligible,
                            groups)
 
@@ -160,11 +177,12 @@ class CacheBack(Protocol):
             state = self.read(sender, doc, question)
             t1 = time.perf_counter()
             per_row, eligible = document_rows(sender, doc, len(state), self.sender_prompt(doc, question))
-            rows = self.choose(sender, state, question, eligible, self.span_groups(per_row, doc))
+            rows = self.choose(sender, state, question, eligible, self.span_groups(per_row, doc), per_row)
             parts.append(sender.rows(state.select(rows)))
             # Press baselines re-run the prefill to record scores a deployed sender records while reading:
             # that re-run is not charged, the scoring inside it is.
-            rerun = getattr(self._selector, "last_seconds", 0.0) - getattr(self._selector, "last_press_seconds", 0.0)
+            scored_by = self.selector_for(per_row)
+            rerun = getattr(scored_by, "last_seconds", 0.0) - getattr(scored_by, "last_press_seconds", 0.0)
             t2 = time.perf_counter() - rerun
             seconds.append(t2 - t0)
             timing.append({"read_s": t1 - t0, "select_s": t2 - t1, "rows": len(state), "sent": len(rows)})
