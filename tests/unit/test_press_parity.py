@@ -14,7 +14,8 @@ import torch
 
 from latentwire.agent import Agent
 from latentwire.models import tiny_model
-from latentwire.select.press_recording import _kv, _model_restored, recording_press
+from latentwire.select.press_recording import (_aggregate, _kv, _model_restored, kvzip_layer_scores, kvzip_scores,
+                                               record_prefill_layer_scores, record_prefill_scores, recording_press)
 
 RATIO = 0.5  # kvpress compression_ratio: keep int(T · 0.5) rows per (layer, KV head)
 PRESSES = {
@@ -69,3 +70,30 @@ def test_the_parity_check_tells_presses_apart(tokenizer, random_ids):
             agent.model.model(ids, past_key_values=cache, use_cache=True)
         kept[name] = [layer.keys for layer in cache.layers]
     assert any(not torch.equal(a, b) for a, b in zip(kept["snapkv"], kept["knorm"]))
+
+
+def test_per_layer_scores_are_what_the_selectors_aggregate(tokenizer, tmp_path):
+    """The per-layer functions (benchmarks/press_parity.py ranks their scores per (layer, KV head)): mean over
+    heads, then layers, is the selectors' row score; kvzip's are KVzipPress's own `score_val`, layer by layer."""
+    kv = _kv()
+    model = tiny_model("llama")
+    agent = Agent(model, tokenizer, model_name="llama")
+    state = agent.prefill("The blue crate holds 58 bolts. The red crate is empty. " * 2)
+    layers, H = list(range(len(model.model.layers))), model.config.num_key_value_heads
+    press = kv.SnapKVPress(window_size=8)
+    per_layer = record_prefill_layer_scores(agent, state, press)[0]
+    assert sorted(per_layer) == layers
+    assert all(s.shape == (H, len(state)) and s.dtype == torch.float64 for s in per_layer.values())
+    assert torch.equal(_aggregate(per_layer, layers), record_prefill_scores(agent, state, press)[0])
+    zipped = kvzip_layer_scores(agent, state, chunk_size=40)[0]
+    assert sorted(zipped) == layers and all(s.shape == (H, len(state)) for s in zipped.values())
+    assert torch.equal(_aggregate(zipped, layers), kvzip_scores(agent, state, chunk_size=40)[0])
+    tokenizer.save_pretrained(tmp_path)  # KVzipPress loads the tokenizer from model.config.name_or_path
+    model.config.name_or_path = str(tmp_path)
+    zp, seen = kv.KVzipPress(compression_ratio=0.5, chunk_size=40), []
+    zp.compress_post = lambda m: seen.append(zp.score_val[:, 0].clone())  # (L, H, T) scores, before any pruning
+    with zp(model), torch.inference_mode():
+        model.model(input_ids=state.token_ids[None], past_key_values=agent.new_cache())
+    for i in layers:
+        assert torch.allclose(zipped[i], seen[0][i].double(), atol=1e-6), i
+        assert float(zipped[i].abs().max()) > 0  # not vacuous

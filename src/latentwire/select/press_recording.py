@@ -156,18 +156,26 @@ def _aggregate(per_layer: dict[int, torch.Tensor], layers: list[int]) -> torch.T
 
 
 @torch.inference_mode()
-def record_prefill_scores(agent: Agent, state: KVState, press: "BasePress",
-                          attn_implementation: str | None = None) -> tuple[torch.Tensor, float, float]:
-    """Prefill the state's token rows with `press` recording: (n,) row scores, wall seconds, press seconds."""
+def record_prefill_layer_scores(agent: Agent, state: KVState, press: "BasePress", attn_implementation: str | None = None
+                                ) -> tuple[dict[int, torch.Tensor], float, float]:
+    """Prefill the state's token rows with `press` recording: {global layer: (H_kv or 1, n) float64 scores},
+    wall seconds, press seconds. The per-layer scores before `record_prefill_scores` aggregates them."""
     agent.geometry.check_same(state.geometry)
     ids = state.token_ids[~state.is_latent].to(agent.device)  # kvpress runs on the model: ids go there
-    layers = _global_layers(state)
-    rec = recording_press(press, layers)
+    rec = recording_press(press, _global_layers(state))
     model = agent.model
     t0 = time.perf_counter()
     with _quiet_kvpress(), _model_restored(model, attn_implementation), _on_model_device(agent), rec(model):
         agent._forward(agent.new_cache(), 0, ids=ids)
-    return _aggregate(rec.scores, layers), time.perf_counter() - t0, rec.seconds
+    return rec.scores, time.perf_counter() - t0, rec.seconds
+
+
+@torch.inference_mode()
+def record_prefill_scores(agent: Agent, state: KVState, press: "BasePress",
+                          attn_implementation: str | None = None) -> tuple[torch.Tensor, float, float]:
+    """Prefill the state's token rows with `press` recording: (n,) row scores, wall seconds, press seconds."""
+    per_layer, seconds, press_seconds = record_prefill_layer_scores(agent, state, press, attn_implementation)
+    return _aggregate(per_layer, _global_layers(state)), seconds, press_seconds
 
 
 def _kvzip_template(tokenizer) -> tuple[list[int], list[int]]:
@@ -197,9 +205,10 @@ def _refuse_sliding(agent: Agent, state: KVState) -> None:
 
 
 @torch.inference_mode()
-def kvzip_scores(agent: Agent, state: KVState, chunk_size: int = 2048,
-                 plus: bool = False) -> tuple[torch.Tensor, float]:
-    """KVzip's context-reconstruction scores of the state's token rows: (n,) float64, seconds.
+def kvzip_layer_scores(agent: Agent, state: KVState, chunk_size: int = 2048,
+                       plus: bool = False) -> tuple[dict[int, torch.Tensor], float]:
+    """KVzip's context-reconstruction scores of the state's token rows per layer: {layer: (H_kv, n)
+    float64} for every layer (kvpress's `score_val[layer, 0]`), seconds. `kvzip_scores` aggregates them.
 
     Runs over the state's own cache of its token rows (no re-prefill). Raises PressUnsupportedError
     for states with sliding-window layers (kvpress refuses Gemma3).
@@ -221,10 +230,22 @@ def kvzip_scores(agent: Agent, state: KVState, chunk_size: int = 2048,
         press._cache = state.select(rows).compact().to_cache()
         try:
             press._perform_kvzip_compression(model, agent.tokenizer)  # ratio 0: scores, masks nothing
-            per_layer = {i: press.score_val[i, 0] for i in range(model.config.num_hidden_layers)}
+            per_layer = {i: press.score_val[i, 0].double() for i in range(model.config.num_hidden_layers)}
         finally:
             press._reset_internal_parameters()
-    return _aggregate(per_layer, _global_layers(state)), time.perf_counter() - t0
+    return per_layer, time.perf_counter() - t0
+
+
+@torch.inference_mode()
+def kvzip_scores(agent: Agent, state: KVState, chunk_size: int = 2048,
+                 plus: bool = False) -> tuple[torch.Tensor, float]:
+    """KVzip's context-reconstruction scores of the state's token rows: (n,) float64, seconds.
+
+    Runs over the state's own cache of its token rows (no re-prefill). Raises PressUnsupportedError
+    for states with sliding-window layers (kvpress refuses Gemma3).
+    """
+    per_layer, seconds = kvzip_layer_scores(agent, state, chunk_size, plus)
+    return _aggregate(per_layer, _global_layers(state)), seconds
 
 
 def _with_latents(state: KVState, token_scores: torch.Tensor) -> torch.Tensor:
