@@ -108,7 +108,7 @@ def _bench_run(args) -> int:
 def _bench_report(args) -> int:
     from .bench.report import write_report
 
-    path = write_report(args.run_dir)
+    path = write_report(args.run_dir, [tuple(c) for c in args.compare] if args.compare else None)
     print(path.read_text())
     print(f"wrote {path} and PNGs beside it")
     return 0
@@ -203,8 +203,11 @@ def main(argv=None) -> int:
     brun.add_argument("--out", required=True, help="run folder (re-run to resume)")
     _placement_args(brun)
     brun.set_defaults(fn=_bench_run)
-    brep = bench.add_parser("report", help="markdown table with bootstrap CIs and PNG plots")
+    brep = bench.add_parser("report", help="markdown table with bootstrap CIs, paired verdicts and PNG plots")
     brep.add_argument("run_dir")
+    brep.add_argument("--compare", nargs=2, action="append", metavar=("A", "B"),
+                      help="protocol labels to compare (paired), repeatable; default: each latent protocol vs "
+                           "text at its ratio, vs full KV and vs full context")
     brep.set_defaults(fn=_bench_report)
     bpair = bench.add_parser("pair", help="split-evidence pairs across two models: alone, t2t, fullcontext, "
                                           "translated(checkpoint=...)")

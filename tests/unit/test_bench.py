@@ -141,3 +141,45 @@ def test_resume_drops_a_line_cut_short_and_refuses_another_n(tiny_task, tmp_path
     assert len(json.loads((out / "config.json").read_text())["resumed"]) == 1
     with pytest.raises(ConfigError):
         run(RunConfig(str(tiny_task), "alone(max_new_tokens=1)", "llama", n=2), out, progress=False, agent=agent)
+
+
+def test_paired_statistics():
+    from latentwire.bench.metrics import mcnemar_exact, median_ratio_ci, paired_bootstrap_diff
+
+    # McNemar: 10 pairs where only a is right, 0 where only b is: p = 2 · 0.5^10
+    a, b = [True] * 10 + [True] * 5, [False] * 10 + [True] * 5
+    assert mcnemar_exact(a, b) == pytest.approx(2 / 1024)
+    assert mcnemar_exact(a, a) == 1.0  # no discordant pair
+    assert mcnemar_exact([1, 0], [0, 1]) == 1.0  # a fair split
+    # scipy's binomtest(3, 12, 0.5) two-sided = 0.1460 (symmetric case: doubled tail)
+    assert mcnemar_exact([1] * 3 + [0] * 9, [0] * 3 + [1] * 9) == pytest.approx(0.14599609375)
+    d, lo, hi = paired_bootstrap_diff([1, 1, 0, 1], [0, 1, 0, 0])
+    assert d == 0.5 and lo <= d <= hi
+    # pairing matters: b = a + 0.1 exactly gives a zero-width interval, whatever the spread of a
+    xs = [0.0, 1.0, 0.5, 0.2, 0.9]
+    assert paired_bootstrap_diff([x + 0.1 for x in xs], xs)[1:] == pytest.approx((0.1, 0.1))
+    m, lo, hi = median_ratio_ci([2, 4, 6], [1, 2, 3])
+    assert (m, lo, hi) == (2.0, 2.0, 2.0)
+    with pytest.raises(ValueError):
+        paired_bootstrap_diff([1], [1, 0])
+
+
+def test_default_verdict_pairs_and_report_table(tiny_task, tmp_path):
+    from latentwire.bench.report import default_pairs
+
+    protocols = {"text": {"name": "text", "params": {}}, "text(ratio=8)": {"name": "text", "params": {"ratio": 8}},
+                 "fullkv": {"name": "fullkv", "params": {"latent_steps": 0}},
+                 "fullcontext": {"name": "fullcontext", "params": {}},
+                 "cb8": {"name": "cacheback", "params": {"ratio": 8, "latent_steps": 0}},
+                 "cb4": {"name": "cacheback", "params": {"ratio": 4}}}
+    pairs = default_pairs(protocols)
+    assert ("cb8", "text(ratio=8)") in pairs and ("cb4", "text") in pairs  # same ratio, else the natural report
+    assert ("cb8", "fullkv") in pairs and ("cb8", "fullcontext") in pairs and ("fullkv", "text") in pairs
+    assert not any(a in ("text", "fullcontext") for a, _ in pairs)
+    agent = Agent(tiny_model("llama"), tiny_tokenizer(), "llama", context_window=1000)
+    out = tmp_path / "run"
+    run(RunConfig(str(tiny_task), "alone(max_new_tokens=2),fullkv(latent_steps=0, max_new_tokens=2)", "llama"), out,
+        progress=False, agent=agent)
+    text = write_report(out, [("fullkv(latent_steps=0, max_new_tokens=2)", "alone(max_new_tokens=2)")]).read_text()
+    assert "| `fullkv(latent_steps=0, max_new_tokens=2)` vs `alone(max_new_tokens=2)` | 3 |" in text
+    assert "McNemar" in text

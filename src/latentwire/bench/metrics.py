@@ -6,8 +6,10 @@ part of a multi-part answer to be correct (equals `accuracy` for single-part ans
 """
 from __future__ import annotations
 
+import math
 import random
 import re
+import statistics
 import string
 from collections import Counter
 from typing import Iterable, Sequence
@@ -76,3 +78,45 @@ def bootstrap_ci(values: Sequence[float], n_resamples: int = 2000, seed: int = 0
     lo = means[int((1 - level) / 2 * n_resamples)]
     hi = means[min(n_resamples - 1, int((1 + level) / 2 * n_resamples))]
     return mean, lo, hi
+
+
+def bootstrap_median_ci(values: Sequence[float], n_resamples: int = 2000, seed: int = 0,
+                        level: float = 0.95) -> tuple[float, float, float]:
+    """(median, low, high) with a percentile bootstrap of the median; deterministic given the seed."""
+    xs = [float(v) for v in values]
+    if not xs:
+        return float("nan"), float("nan"), float("nan")
+    rng = random.Random(seed)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(n_resamples))
+    return (statistics.median(xs), meds[int((1 - level) / 2 * n_resamples)],
+            meds[min(n_resamples - 1, int((1 + level) / 2 * n_resamples))])
+
+
+def paired_bootstrap_diff(a: Sequence[float], b: Sequence[float], n_resamples: int = 2000, seed: int = 0,
+                          level: float = 0.95) -> tuple[float, float, float]:
+    """(mean(a - b), low, high): episodes resampled with both protocols' scores kept together."""
+    if len(a) != len(b):
+        raise ValueError(f"paired samples differ in length: {len(a)} vs {len(b)}")
+    return bootstrap_ci([float(x) - float(y) for x, y in zip(a, b)], n_resamples, seed, level)
+
+
+def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> float:
+    """Two-sided exact McNemar p-value: of the n pairs where exactly one of a, b is correct, is the split
+    between "a only" and "b only" more lopsided than a fair coin would make it? 1.0 when n = 0."""
+    if len(a) != len(b):
+        raise ValueError(f"paired samples differ in length: {len(a)} vs {len(b)}")
+    a_only = sum(bool(x) and not bool(y) for x, y in zip(a, b))
+    b_only = sum(bool(y) and not bool(x) for x, y in zip(a, b))
+    n, k = a_only + b_only, min(a_only, b_only)
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def median_ratio_ci(num: Sequence[float], den: Sequence[float], n_resamples: int = 2000, seed: int = 0,
+                    level: float = 0.95) -> tuple[float, float, float]:
+    """Median over episodes of num_i / den_i (e.g. TTEOA of a over TTEOA of b), with a bootstrap CI."""
+    if len(num) != len(den):
+        raise ValueError(f"paired samples differ in length: {len(num)} vs {len(den)}")
+    return bootstrap_median_ci([float(x) / float(y) for x, y in zip(num, den)], n_resamples, seed, level)

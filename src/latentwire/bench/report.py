@@ -1,7 +1,13 @@
-"""Turn a run folder into `report.md` (mean ± 95% bootstrap CI per protocol) and two PNG plots:
-accuracy vs TTEOA with the Pareto front, and evidence recall vs compression ratio.
+"""Turn a run folder into `report.md` (mean ± 95% bootstrap CI per protocol), paired verdicts and two
+PNG plots: accuracy vs TTEOA with the Pareto front and both intervals, and evidence recall vs ratio.
 
-    latentwire bench report runs/X
+    latentwire bench report runs/X [--compare A B ...]
+
+Verdicts compare two protocols on the episodes both ran: the paired accuracy difference with a 95%
+paired bootstrap CI (episodes resampled with both scores together), the exact McNemar p-value on
+"answered correctly" (accuracy = 1), and the median over episodes of the TTEOA ratio with a bootstrap
+CI. Without `--compare`, every latent protocol is compared with text at the same compression ratio
+(the natural report when no text run has that ratio), with full KV and with full context.
 """
 from __future__ import annotations
 
@@ -10,7 +16,9 @@ import statistics
 from pathlib import Path
 
 from ..errors import LatentWireError
-from .metrics import bootstrap_ci
+from .metrics import bootstrap_ci, bootstrap_median_ci, mcnemar_exact, median_ratio_ci, paired_bootstrap_diff
+
+REFERENCES = ("alone", "text", "fullcontext", "packllm")  # protocols that send no latent message
 
 COLUMNS = [  # (record field, header, format)
     ("accuracy", "accuracy", "{:.2f}"), ("strict", "strict", "{:.2f}"), ("em", "EM", "{:.2f}"),
@@ -52,6 +60,52 @@ def summarize(records: list[dict], order: list[str]) -> dict[str, dict]:
     return out
 
 
+def default_pairs(protocols: dict[str, dict]) -> list[tuple[str, str]]:
+    """(a, b) verdict pairs from a run's {label: {name, params}}: each latent protocol vs text at its ratio
+    (else the natural report), vs full KV (same G when there is one) and vs full context."""
+    by_name: dict[str, list[str]] = {}
+    for label, spec in protocols.items():
+        by_name.setdefault(spec["name"], []).append(label)
+    params = {label: spec["params"] for label, spec in protocols.items()}
+    pairs = []
+    for a, spec in protocols.items():
+        if spec["name"] in REFERENCES:
+            continue
+        texts = by_name.get("text", [])
+        same = [t for t in texts if params[t].get("ratio") == params[a].get("ratio") and "ratio" in params[a]]
+        pairs += [(a, t) for t in (same or [t for t in texts if "ratio" not in params[t]])[:1]]
+        if spec["name"] != "fullkv" and by_name.get("fullkv"):
+            fk = by_name["fullkv"]
+            g = [f for f in fk if params[f].get("latent_steps") == params[a].get("latent_steps")]
+            pairs.append((a, (g or fk)[0]))
+        pairs += [(a, f) for f in by_name.get("fullcontext", [])[:1]]
+    return pairs
+
+
+def compare(records: list[dict], a: str, b: str) -> dict | None:
+    """Paired statistics of protocol a against b on the episodes both ran (None when they share none)."""
+    ra = {r["episode"]: r for r in records if r["protocol"] == a}
+    rb = {r["episode"]: r for r in records if r["protocol"] == b}
+    eps = sorted(set(ra) & set(rb))
+    if not eps:
+        return None
+    acc_a, acc_b = [ra[e]["accuracy"] for e in eps], [rb[e]["accuracy"] for e in eps]
+    timed = [e for e in eps if ra[e].get("tteoa") and rb[e].get("tteoa")]
+    return {"a": a, "b": b, "n": len(eps), "acc_a": sum(acc_a) / len(eps), "acc_b": sum(acc_b) / len(eps),
+            "diff": paired_bootstrap_diff(acc_a, acc_b),
+            "p": mcnemar_exact([x == 1.0 for x in acc_a], [x == 1.0 for x in acc_b]),
+            "tteoa_ratio": median_ratio_ci([ra[e]["tteoa"] for e in timed], [rb[e]["tteoa"] for e in timed])
+            if timed else None, "n_timed": len(timed)}
+
+
+def verdict(c: dict) -> str:
+    """One table row that reads as a verdict."""
+    d, lo, hi = (100 * x for x in c["diff"])
+    t = "—" if c["tteoa_ratio"] is None else "×{:.2f} [{:.2f}, {:.2f}]".format(*c["tteoa_ratio"])
+    return (f"| `{c['a']}` vs `{c['b']}` | {c['n']} | {c['acc_a']:.2f} vs {c['acc_b']:.2f} | {d:+.0f} pp "
+            f"[{lo:+.0f}, {hi:+.0f}] | {c['p']:.3g} | {t} |")
+
+
 def _cell(v, fmt: str) -> str:
     if v is None:
         return "—"
@@ -66,7 +120,16 @@ def pareto_front(points: dict[str, tuple[float, float]]) -> list[str]:
     return sorted(front, key=lambda a: points[a][0])
 
 
-def write_report(run_dir: str | Path) -> Path:
+def _plain_log_axis(axis) -> None:
+    """Log axis ticks as plain numbers (0.5, 1, 2, 5 — never "2×10⁰")."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def write_report(run_dir: str | Path, pairs: list[tuple[str, str]] | None = None) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -92,6 +155,14 @@ def write_report(run_dir: str | Path) -> Path:
         cells = " | ".join(_cell(row[k], fmt) for k, _, fmt in COLUMNS)
         med = "—" if row["tteoa_median"] is None else f"{row['tteoa_median']:.2f}"
         lines.append(f"| `{label}` | {row['n']} | {row['errors']} | {cells} | {med} |")
+    comparisons = [c for c in (compare(records, a, b) for a, b in
+                               (default_pairs(cfg["protocols"]) if pairs is None else pairs)) if c]
+    if comparisons:
+        lines += ["", "Verdicts (paired, on the episodes both protocols ran): accuracy difference a − b with its "
+                  "95% paired bootstrap CI, exact McNemar p on answered-correctly, median TTEOA ratio a ÷ b "
+                  "with its 95% bootstrap CI.", "",
+                  "| a vs b | n | accuracy a vs b | difference | McNemar p | TTEOA a ÷ b |",
+                  "|---|---:|---|---|---:|---|"] + [verdict(c) for c in comparisons]
     errors = [r for r in records if r.get("error")]
     if errors:
         lines += ["", "Errors (first 5):", ""] + [f"- `{r['protocol']}` on `{r['episode']}`: {r['error'][:200]}"
@@ -100,15 +171,20 @@ def write_report(run_dir: str | Path) -> Path:
     points = {lab: (row["tteoa_median"], row["accuracy"][0]) for lab, row in summary.items()
               if row["tteoa_median"] is not None and row["accuracy"] is not None}
     front = pareto_front(points)
-    fig, ax = plt.subplots(figsize=(6, 4.2))
+    task = Path(cfg["task"]).stem if "/" in cfg["task"] or cfg["task"].endswith(".jsonl") else cfg["task"]
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for lab, (t, q) in points.items():
-        ax.scatter(t, q, s=50, zorder=3)
-        ax.annotate(lab, (t, q), textcoords="offset points", xytext=(5, 5), fontsize=8)
+        _, tlo, thi = bootstrap_median_ci([r["tteoa"] for r in records if r["protocol"] == lab and r.get("tteoa")])
+        _, qlo, qhi = summary[lab]["accuracy"]
+        ax.errorbar(t, q, xerr=[[t - tlo], [thi - t]], yerr=[[q - qlo], [qhi - q]], fmt="o", ms=6, capsize=3,
+                    zorder=3)
+        ax.annotate(lab, (t, q), textcoords="offset points", xytext=(5, 5), fontsize=7)
     if front:
         ax.plot([points[a][0] for a in front], [points[a][1] for a in front], "k--", lw=1, label="Pareto front")
         ax.legend(fontsize=8)
-    ax.set(xscale="log", xlabel="median TTEOA (s, log)", ylabel="accuracy", ylim=(-0.05, 1.05),
-           title=f"{cfg['task']} / {cfg['model']}: accuracy vs time to end of answer")
+    ax.set(xscale="log", xlabel="median TTEOA (s, log); bars: 95% CIs", ylabel="accuracy", ylim=(-0.05, 1.05),
+           title=f"{task} / {cfg['model']}: accuracy vs time to answer")
+    _plain_log_axis(ax.xaxis)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(run_dir / "accuracy_vs_tteoa.png", dpi=120)
@@ -126,7 +202,8 @@ def write_report(run_dir: str | Path) -> Path:
             xs = sorted(by_ratio)
             ax.plot(xs, [statistics.mean(by_ratio[x]) for x in xs], "o-", label=lab)
     ax.set(xscale="log", xlabel="compression of the documents (tokens ÷ tokens sent, log)",
-           ylabel="evidence recall", ylim=(-0.05, 1.05), title="evidence recall vs compression")
+           ylabel="evidence recall", ylim=(-0.05, 1.05), title=f"{task}: evidence recall vs compression")
+    _plain_log_axis(ax.xaxis)
     if have_recall:
         ax.legend(fontsize=8)
     else:

@@ -24,6 +24,7 @@ from ..agent import Agent
 from ..errors import ConfigError, LatentWireError
 from ..placement import cpu_bf16_flags, dtype_name, resolve
 from ..protocols import Outcome, Protocol, get_protocol
+from ..protocols.reads import shared_reads
 from .episode import Episode, load_episodes, span_token_positions
 from .metrics import answer_scores, evidence_recall
 
@@ -173,12 +174,15 @@ def run(config: RunConfig, out_dir: str | Path, progress: bool = True, agent: Ag
     write_config(cfg_path, first, resolved, {"episodes": [e.id for e in episodes]})
     done = finished(rec_path, "episode")
     agent = agent or Agent.from_pretrained(config.model, device=resolved["device"], dtype=resolved["dtype"])
+    todo = [e for e in episodes if any((e.id, label) not in done for label in protocols)]
     with rec_path.open("a", encoding="utf-8") as f:
-        for label, protocol in protocols.items():
-            todo = [e for e in episodes if (e.id, label) not in done]
-            for ep in tqdm(todo, desc=f"{label:>12}", disable=not progress):
-                f.write(json.dumps(run_episode(protocol, label, ep, agent), ensure_ascii=False) + "\n")
-                f.flush()
+        # Episode by episode: inside one episode every protocol shares each sender's read (`shared_reads`).
+        for ep in tqdm(todo, desc=f"{len(protocols)} protocols", disable=not progress):
+            with shared_reads():
+                for label, protocol in protocols.items():
+                    if (ep.id, label) not in done:
+                        f.write(json.dumps(run_episode(protocol, label, ep, agent), ensure_ascii=False) + "\n")
+                        f.flush()
     return out_dir
 
 

@@ -21,6 +21,7 @@ from ..message import Rows
 from ..select import SELECTORS, SPAN, always_kept, fanin_budget, get_selector, select_rows, sentence_groups
 from ..state import KVState
 from .base import QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register
+from .reads import Read, read
 
 ENCODINGS = ("rows", "token_ids")
 QUERY_FORMATS = ("turn", "raw")
@@ -123,8 +124,11 @@ class CacheBack(Protocol):
 
     def read(self, sender: Agent, document: str, question: str | None = None) -> KVState:
         """The sender's finished state: prefill + latent steps (query-blind unless `query_aware`)."""
-        return sender.think(sender.prefill(self.sender_prompt(document, question)), self.latent_steps,
-                            self.latent_mode)
+        return self.sender_read(sender, document, question).state
+
+    def sender_read(self, sender: Agent, document: str, question: str | None = None) -> Read:
+        """`read` with its measured seconds; inside `shared_reads()` one read serves every protocol."""
+        return read(sender, self.sender_prompt(document, question), self.latent_steps, self.latent_mode)
 
     def query_text(self, sender: Agent, question: str) -> str:
         return sender.continuation_text(KV_PROMPT.format(question=question)) if self.query_format == "turn" \
@@ -173,9 +177,9 @@ class CacheBack(Protocol):
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
         parts, seconds, kept, timing = [], [], [], []
         for sender, doc in self._pair(senders, documents):
-            t0 = time.perf_counter()
-            state = self.read(sender, doc, question)
-            t1 = time.perf_counter()
+            r = self.sender_read(sender, doc, question)
+            state, t1 = r.state, time.perf_counter()
+            t0 = t1 - r.seconds  # charged the read it would pay alone, shared or not
             per_row, eligible = document_rows(sender, doc, len(state), self.sender_prompt(doc, question))
             rows = self.choose(sender, state, question, eligible, self.span_groups(per_row, doc), per_row)
             parts.append(sender.rows(state.select(rows)))
@@ -185,7 +189,8 @@ class CacheBack(Protocol):
             rerun = getattr(scored_by, "last_seconds", 0.0) - getattr(scored_by, "last_press_seconds", 0.0)
             t2 = time.perf_counter() - rerun
             seconds.append(t2 - t0)
-            timing.append({"read_s": t1 - t0, "select_s": t2 - t1, "rows": len(state), "sent": len(rows)})
+            timing.append({"read_s": r.seconds, "select_s": t2 - t1, "rows": len(state), "sent": len(rows),
+                           "shared_read": r.shared})
             kept.append(kept_document_spans(per_row, rows))
         message = Rows.cat(parts)
         nbytes = message.nbytes if self.encoding == "rows" else message.token_id_nbytes

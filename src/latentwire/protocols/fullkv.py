@@ -12,6 +12,7 @@ from ..agent import LATENT_MODES, Agent
 from ..errors import UnknownNameError
 from ..state import KVState
 from .base import QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, timed
+from .reads import Read, read
 
 
 @register
@@ -29,21 +30,23 @@ class FullKV(Protocol):
         if self.latent_mode not in LATENT_MODES:
             raise UnknownNameError("latent mode", self.latent_mode, LATENT_MODES)
 
-    def sender_state(self, sender: Agent, document: str, question: str) -> KVState:
+    def sender_read(self, sender: Agent, document: str, question: str) -> Read:
+        """The sender's finished state and its measured read time (shared inside `shared_reads()`)."""
         prompt = SENDER_PROMPT.format(document=document)
         if self.query_aware:
             prompt += QUESTION_SUFFIX.format(question=question)
-        return sender.think(sender.prefill(prompt), self.latent_steps, self.latent_mode)
+        return read(sender, prompt, self.latent_steps, self.latent_mode)
+
+    def sender_state(self, sender: Agent, document: str, question: str) -> KVState:
+        return self.sender_read(sender, document, question).state
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
-        states, seconds = [], []
-        for sender, doc in self._pair(senders, documents):
-            state, dt = timed(self.sender_state, sender, doc, question)
-            states.append(state)
-            seconds.append(dt)
+        reads = [self.sender_read(sender, doc, question) for sender, doc in self._pair(senders, documents)]
+        states, seconds = [r.state for r in reads], [r.seconds for r in reads]
         message, concat_s = timed(KVState.concat, states)  # the receiver places the states (re-rotation)
         nbytes = sum(len(s.to_bytes()) for s in states)  # each sender ships its own state
         reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
         kept = tuple(((0, len(d)),) for d in documents)  # every position travels
         return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds + concat_s,
-                       {"message_rows": len(message), "latent_steps": self.latent_steps}, kept)
+                       {"message_rows": len(message), "latent_steps": self.latent_steps,
+                        "shared_reads": sum(r.shared for r in reads)}, kept)

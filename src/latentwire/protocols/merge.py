@@ -40,11 +40,13 @@ class Merge(FullKV):
         self._render = get_render(self.render, **params)
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
-        fragments, seconds = [], []
+        fragments, seconds, shared = [], [], 0
         for sender, doc in self._pair(senders, documents):
+            r = self.sender_read(sender, doc, question)
             t0 = time.perf_counter()
-            fragments.append(Fragment.of(self.sender_state(sender, doc, question)))
-            seconds.append(time.perf_counter() - t0)
+            fragments.append(Fragment.of(r.state))
+            seconds.append(r.seconds + time.perf_counter() - t0)  # read (measured) + content addressing
+            shared += r.shared
         t0 = time.perf_counter()
         merged = FragmentSet(fragments)  # what replicas converge to; identical thinker states count once
         unique = list({f.digest: f for f in fragments}.values())  # thinker order, duplicates dropped
@@ -58,5 +60,5 @@ class Merge(FullKV):
         return Outcome(self.name, reply.text, sum(len(f.state.to_bytes()) for f in merged), reply.context,
                        tuple(seconds), reply.seconds + render_s,
                        {"message_rows": len(state), "slots": slots, "digest": state.digest(),
-                        "fragments": len(merged), "render_s": render_s},
+                        "fragments": len(merged), "render_s": render_s, "shared_reads": shared},
                        tuple(((0, len(d)),) for d in documents))

@@ -1,0 +1,120 @@
+"""Latent vs text, decided: fan-in end-to-end runs with paired verdicts, one cell per (task, length).
+
+    python benchmarks/latent_vs_text.py [--model qwen2.5-0.5b] [--n 100] [--cells facts1_500,code1]
+                                        [--protocols all|core] [--out docs/results/latent_vs_text]
+
+Cells (each a fresh deterministic episode set written next to its records; 3 senders each):
+    facts1_500, facts1_2000, facts1_4000   one-hop `facts`, each sender's document ≈ 500 / 2,000 / 4,000 tokens
+    code1                                  single-scope `code` (documents are stdlib modules, ≈ 850-1,300 tokens)
+    facts2_2000                            two-hop `facts` (the hard row), ≈ 2,000 tokens
+Every cell runs the same protocols (`PROTOCOLS`), episode by episode, each sender's state read once
+and shared by every protocol that starts from it (each is charged that read's measured time). A cell
+is resumable: re-running the command continues where it stopped. Each cell folder gets the runner's
+report (with paired verdicts); `README.md` in the output folder collects the verdict rows of every cell.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from latentwire.bench.episode import write_episodes
+from latentwire.bench.report import compare, read_run, verdict, write_report
+from latentwire.bench.runner import RunConfig, run
+from latentwire.bench.tasks import code, facts
+
+OUT = Path(__file__).resolve().parents[1] / "docs" / "results" / "latent_vs_text"
+RATIOS = (4, 8, 16, 32)
+PROTOCOLS = {
+    "all": ["alone", "fullcontext", "text"] + [f"text(ratio={r})" for r in RATIOS]
+    + [f"fullkv(latent_steps={g}, query_aware={q})" for q in (False, True) for g in (0, 8)]
+    + [f"cacheback(ratio={r}, latent_steps={g})" for g in (0, 8) for r in RATIOS]
+    + ["cacheback(ratio=8, latent_steps=8, encoding='token_ids')"],
+    # the verdict rows of the headline table, for a quicker pass
+    "core": ["alone", "fullcontext", "text", "text(ratio=8)", "fullkv(latent_steps=8, query_aware=False)",
+             "fullkv(latent_steps=8, query_aware=True)", "cacheback(ratio=8, latent_steps=8)",
+             "cacheback(ratio=16, latent_steps=8)"],
+}
+CELLS = ("facts1_500", "facts1_2000", "facts1_4000", "code1", "facts2_2000")
+HEADLINE = [  # (a, b) rows of the summary table, when both ran
+    ("cacheback(ratio=8, latent_steps=8)", "text(ratio=8)"), ("cacheback(ratio=8, latent_steps=8)", "text"),
+    ("cacheback(ratio=16, latent_steps=8)", "text(ratio=16)"),
+    ("cacheback(ratio=8, latent_steps=8)", "fullkv(latent_steps=8, query_aware=False)"),
+    ("cacheback(ratio=8, latent_steps=8)", "fullcontext"),
+    ("fullkv(latent_steps=8, query_aware=False)", "fullkv(latent_steps=8, query_aware=True)"),
+    ("fullkv(latent_steps=8, query_aware=False)", "text"),
+    ("cacheback(ratio=8, latent_steps=8)", "cacheback(ratio=8, latent_steps=0)"),
+    ("cacheback(ratio=8, latent_steps=8, encoding='token_ids')", "cacheback(ratio=8, latent_steps=8)"),
+]
+
+
+def cell_episodes(cell: str, n: int, seed: int):
+    """A cell's episodes: a pure function of (cell, n, seed)."""
+    if cell == "code1":
+        single = [e for e in code.generate(seed, n=max(4 * n, 120)) if e.meta["scope"] == "single"]
+        if len(single) < n:
+            sys.exit(f"code1: the generator gave {len(single)} single-scope episodes, fewer than --n {n}")
+        return single[:n]
+    kind, length = cell.split("_")
+    return facts.episodes(seed, n, tokens=int(length), senders=3, hops=int(kind[-1]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen2.5-0.5b")
+    ap.add_argument("--n", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--cells", default=",".join(CELLS))
+    ap.add_argument("--protocols", default="all", choices=sorted(PROTOCOLS))
+    ap.add_argument("--dtype", default=None, help="default: latentwire's choice for this machine (bf16 here)")
+    ap.add_argument("--out", type=Path, default=OUT)
+    args = ap.parse_args()
+    cells = args.cells.split(",")
+    unknown = sorted(set(cells) - set(CELLS))
+    if unknown:
+        sys.exit(f"unknown cells {unknown}; valid: {', '.join(CELLS)}")
+    cmd = " ".join(["python benchmarks/latent_vs_text.py"] + sys.argv[1:])
+    for cell in cells:
+        folder = args.out / f"{cell}_{args.model}"
+        folder.mkdir(parents=True, exist_ok=True)
+        task = folder / "episodes.jsonl"
+        if not task.exists():
+            write_episodes(task, cell_episodes(cell, args.n, args.seed))
+        print(f"== {cell}: {args.n} episodes, {len(PROTOCOLS[args.protocols])} protocols -> {folder}", flush=True)
+        run(RunConfig(os.path.relpath(task), ",".join(PROTOCOLS[args.protocols]), args.model, dtype=args.dtype),
+            folder)
+        write_report(folder)
+        (folder / "command.txt").write_text(cmd + "\n")
+    write_index(args.out)
+
+
+def write_index(out: Path) -> None:
+    """README.md and verdicts.json over every cell folder in `out` (whichever command filled it)."""
+    rows = []
+    for folder in sorted(p.parent for p in out.glob("*/records.jsonl")):
+        config, records = read_run(folder)
+        cell = folder.name
+        for a, b in HEADLINE:
+            c = compare(records, a, b)
+            if c:
+                rows.append((cell, c, config["config"]["dtype"],
+                             (folder / "command.txt").read_text().strip() if (folder / "command.txt").exists() else ""))
+    lines = ["# Latent vs text: paired verdicts per cell", "",
+             "Accuracy difference a − b with its 95% paired bootstrap CI, exact McNemar p, median TTEOA "
+             "ratio a ÷ b with its 95% bootstrap CI. Each cell's folder holds its episodes, config, "
+             "records, full report, plots and the command that ran it.", "",
+             "| cell | a vs b | n | accuracy a vs b | difference | McNemar p | TTEOA a ÷ b |",
+             "|---|---|---:|---|---|---:|---|"]
+    lines += [f"| {cell} " + verdict(c) for cell, c, _, _ in rows]
+    lines += ["", "Commands:", ""] + sorted({f"- {cell.rsplit('_', 1)[0]} ({dtype}): `{cmd}`"
+                                             for cell, _, dtype, cmd in rows})
+    (out / "README.md").write_text("\n".join(lines) + "\n")
+    (out / "verdicts.json").write_text(json.dumps([{"cell": cell, "dtype": dtype} | c for cell, c, dtype, _ in rows],
+                                                  indent=2) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
