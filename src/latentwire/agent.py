@@ -319,6 +319,24 @@ class Agent:
         return Rows(rows.detach(), state.token_ids.clone(), (state.geometry.model, state.geometry.tokenizer))
 
     @torch.inference_mode()
+    def extend(self, state: KVState, user: str) -> KVState:
+        """Continue a finished state with a new user turn (`user`), as one growing conversation: the open
+        assistant turn the state ends in is closed by this model's own template, the turn is read after it
+        and a new assistant turn opened (`continuation_text`). LatentMAS's sequential chain: each agent
+        reads its input after the previous agents' state and thinks on."""
+        t0 = time.perf_counter()
+        self.geometry.check_same(state.geometry)
+        ids = self.tokenizer(self.continuation_text(user), add_special_tokens=False)["input_ids"]
+        self._check_window(state=len(state), prompt=len(ids))
+        compact = state.compact()  # rows at 0..T-1: the turn continues at position T
+        cache = compact.to_cache()
+        hidden = self._forward(cache, len(compact), ids=self.ids(ids))
+        token_ids = torch.cat([compact.token_ids, self.ids(ids)])
+        out = KVState.from_cache(cache, self.geometry, token_ids, compact.latents, last_hidden=hidden[-1].clone())
+        self._record("prefill", t0, len(ids), 0, len(out))
+        return out
+
+    @torch.inference_mode()
     def answer(self, question: Chat, message: Message = None, max_new_tokens: int = 48) -> Answer:
         """Greedy answer to `question`, given an optional message (text, Rows or a full-KV state)."""
         t0 = time.perf_counter()

@@ -1,0 +1,198 @@
+"""Where the time goes, and the crossover: per-token costs of every TTEOA part, fitted, and the report
+length beyond which CacheBack answers sooner than text.
+
+    python benchmarks/crossover.py [--model qwen2.5-0.5b] [--dtype bfloat16] [--ratio 8] [--latent-steps 8]
+                                   [--senders 3] [--answer-tokens 12]
+
+Measured on the model (median of `--repeats` runs each, machine otherwise idle):
+    prefill(n)      a fresh prefill of n tokens                          fit a + b·n + c·n²
+    step(ctx)       one decode step (or latent step) at context ctx       fit d + e·ctx
+    score(T)        CacheBack scoring of a T-row state for one question   fit f + g·T
+    rows(R)         the receiver's prefill of R re-prefilled rows + prompt fit as prefill
+Modelled (S senders in parallel, each with a T-token document; text reports of L tokens each; the
+receiver answers A tokens):
+    text      = prefill(T) + L·step(T)                  + prefill(S·L + q) + A·step(S·L + q)
+    cacheback = prefill(T) + G·step(T) + score(T)       + rows(S·(T/r + G) + q) + A·step(S·(T/r + G) + q)
+and, for a deployed system whose agents read their documents before the question arrives:
+    text, pre-read      = prefill of the question on the cached document + L·step(T) + receiver
+    cacheback, pre-read = score(T) + receiver
+The crossover L* is the report length where the two TTEOAs meet. Report lengths the models actually
+produce are read from the text records of the runs under docs/results (per sender, `report_tokens`).
+Writes docs/results/crossover_<model>_<dtype>.{md,json,png}.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from latentwire.agent import KV_PROMPT, Agent
+from latentwire.bench.runner import environment
+from latentwire.bench.tasks import facts
+from latentwire.protocols.base import SENDER_PROMPT
+from latentwire.protocols.cacheback import CacheBack
+
+OUT = Path(__file__).resolve().parents[1] / "docs" / "results"
+LENGTHS = (250, 500, 1000, 2000, 4000)
+QUESTION = "Which team maintains the Larkspur project?"
+
+
+def median_time(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def measure(agent: Agent, repeats: int, latent_steps: int) -> dict:
+    """Raw timings at each document length (the documents are generated `facts` contexts)."""
+    docs = {n: facts.episodes(7, 1, tokens=n, senders=1, hops=1)[0].contexts[0] for n in LENGTHS}
+    cb = CacheBack(latent_steps=latent_steps)
+    raw = {"prefill": [], "step": [], "score": [], "rows": [], "think": []}
+    agent.prefill("warm up")  # first-call costs (kernels, allocator) stay out of the fits
+    for n, doc in docs.items():
+        prompt = SENDER_PROMPT.format(document=doc)
+        state = agent.prefill(prompt)
+        T = len(state)
+        raw["prefill"].append((T, median_time(lambda: agent.prefill(prompt), repeats)))
+        stream = agent.stream(prompt, max_new_tokens=8)
+        raw["step"].append((T, median_time(lambda: stream.push(int(stream.logprobs.argmax())), repeats * 4)))
+        raw["think"].append((T, median_time(lambda: agent.think(state, latent_steps), repeats)))
+        raw["score"].append((T, median_time(lambda: cb.scores(agent, state, QUESTION), repeats)))
+        rows = agent.rows(state.select(torch.arange(0, T, 8, device=state.device)))  # an 8× message
+        ans = [agent.answer(QUESTION, message=rows, max_new_tokens=1) for _ in range(repeats)]
+        raw["rows"].append((len(rows), statistics.median(a.prefill_seconds for a in ans)))
+    return raw
+
+
+def fit(points: list[tuple[int, float]], degree: int) -> list[float]:
+    x, y = np.array([p[0] for p in points], float), np.array([p[1] for p in points], float)
+    return [float(c) for c in np.polyfit(x, y, degree)[::-1]]  # c0 + c1·x (+ c2·x²)
+
+
+def poly(c: list[float], x: float) -> float:
+    return sum(ci * x ** i for i, ci in enumerate(c))
+
+
+def model(f: dict, T: float, L: float, args, q: int) -> dict:
+    S, A, G, r = args.senders, args.answer_tokens, args.latent_steps, args.ratio
+    recv_text = poly(f["prefill"], S * L + q) + A * poly(f["step"], S * L + q)
+    rows = S * (math.ceil(T / r) + G) + q
+    recv_cb = poly(f["rows"], rows) + A * poly(f["step"], rows)
+    question_on_cache = max(0.0, poly(f["prefill"], T + q) - poly(f["prefill"], T))
+    return {"text": poly(f["prefill"], T) + L * poly(f["step"], T) + recv_text,
+            "cacheback": poly(f["prefill"], T) + G * poly(f["step"], T) + poly(f["score"], T) + recv_cb,
+            "text_preread": question_on_cache + L * poly(f["step"], T) + recv_text,
+            "cacheback_preread": poly(f["score"], T) + recv_cb}
+
+
+def crossover(f: dict, T: float, args, q: int, key: str = "") -> float | None:
+    """Smallest report length L (tokens per sender) at which text's TTEOA exceeds CacheBack's."""
+    for L in range(0, 4001):
+        m = model(f, T, L, args, q)
+        if m["text" + key] > m["cacheback" + key]:
+            return float(L)
+    return None
+
+
+def report_lengths(model_name: str) -> list[int]:
+    """Per-sender report lengths (tokens) in every text record of this model under docs/results."""
+    out = []
+    for rec in OUT.glob("**/records.jsonl"):
+        cfg = rec.parent / "config.json"
+        if not cfg.exists() or json.loads(cfg.read_text())["config"].get("model") != model_name:
+            continue
+        for line in rec.read_text().splitlines():
+            r = json.loads(line)
+            if r["protocol"].startswith("text") and r.get("details", {}).get("report_tokens"):
+                out += r["details"]["report_tokens"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen2.5-0.5b")
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--ratio", type=float, default=8)
+    ap.add_argument("--latent-steps", type=int, default=8)
+    ap.add_argument("--senders", type=int, default=3)
+    ap.add_argument("--answer-tokens", type=int, default=12)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    agent = Agent.from_pretrained(args.model, dtype=args.dtype)
+    dtype = str(agent.dtype).removeprefix("torch.")
+    raw = measure(agent, args.repeats, args.latent_steps)
+    f = {"prefill": fit(raw["prefill"], 2), "step": fit(raw["step"], 1), "score": fit(raw["score"], 1),
+         "rows": fit(raw["rows"], 2)}
+    q = len(agent.tokenizer(agent.continuation_text(KV_PROMPT.format(question=QUESTION)))["input_ids"])
+    lengths = report_lengths(args.model)
+    L_med = statistics.median(lengths) if lengths else None
+    cmd = " ".join(["python benchmarks/crossover.py"] + sys.argv[1:])
+    lines = [f"# Where the time goes: {args.model} ({dtype}), {args.senders} senders, CacheBack {args.ratio:g}×, "
+             f"G = {args.latent_steps}", "", f"Command: `{cmd}`", "",
+             "Measured costs (median of repeats) and their fits:", "",
+             "| document rows T | prefill s | decode step s | 8 latent steps s | CacheBack scoring s | "
+             "receiver prefill of T/8 rows s |", "|---:|---:|---:|---:|---:|---:|"]
+    for i in range(len(LENGTHS)):
+        lines.append(f"| {raw['prefill'][i][0]} | {raw['prefill'][i][1]:.3f} | {raw['step'][i][1]:.4f} | "
+                     f"{raw['think'][i][1]:.3f} | {raw['score'][i][1]:.3f} | {raw['rows'][i][1]:.3f} |")
+    lines += ["", f"Fits: prefill(n) = {f['prefill'][0]:.3f} + {1e3 * f['prefill'][1]:.3f} ms·n + "
+              f"{1e6 * f['prefill'][2]:.4f} µs·n²; step(ctx) = {1e3 * f['step'][0]:.2f} ms + "
+              f"{1e6 * f['step'][1]:.3f} µs·ctx; score(T) = {1e3 * f['score'][0]:.1f} ms + {1e3 * f['score'][1]:.4f} ms·T.",
+              "", f"Report lengths the models wrote in this repository's text runs ({args.model}): "
+              + (f"median {L_med:.0f} tokens per sender (n = {len(lengths)}, 90th percentile "
+                 f"{sorted(lengths)[int(0.9 * (len(lengths) - 1))]})." if lengths else "none recorded."), "",
+              "| T | TTEOA text at the median report s | TTEOA CacheBack s | crossover L* (tokens per report) | "
+              "pre-read: text s | pre-read: CacheBack s | pre-read crossover L* |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    table = {}
+    for T in (500, 2000, 4000):
+        m = model(f, T, L_med or 0, args, q)
+        c, cp = crossover(f, T, args, q), crossover(f, T, args, q, "_preread")
+        table[T] = {"model_at_median_report": m, "crossover": c, "crossover_preread": cp}
+        lines.append(f"| {T} | {m['text']:.2f} | {m['cacheback']:.2f} | {c if c is not None else '> 4000'} | "
+                     f"{m['text_preread']:.2f} | {m['cacheback_preread']:.2f} | {cp if cp is not None else '> 4000'} |")
+    lines += ["", "Below L*, text answers sooner; above it, CacheBack does. The plot shows TTEOA against the "
+              "report length for each document length, with the measured report lengths marked.", "",
+              f"![crossover](crossover_{args.model}_{dtype}.png)"]
+    stem = OUT / f"crossover_{args.model}_{dtype}"
+    stem.with_name(stem.name + ".md").write_text("\n".join(lines) + "\n")
+    stem.with_name(stem.name + ".json").write_text(json.dumps({"command": cmd, "raw": raw, "fits": f, "question_tokens": q,
+                                                     "report_lengths": lengths, "table": table,
+                                                     "environment": environment()}, indent=2) + "\n")
+    plot(f, args, q, lengths, stem.with_name(stem.name + ".png"), f"{args.model} ({dtype})")
+    print("\n".join(lines))
+
+
+def plot(f: dict, args, q: int, lengths: list[int], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    Ls = list(range(0, 401, 4))
+    for T, color in zip((500, 2000, 4000), ("C0", "C1", "C2")):
+        ax.plot(Ls, [model(f, T, L, args, q)["text"] for L in Ls], color=color, label=f"text, T = {T}")
+        ax.axhline(model(f, T, 0, args, q)["cacheback"], color=color, ls="--", label=f"CacheBack {args.ratio:g}×, T = {T}")
+    if lengths:
+        ax.axvspan(min(lengths), sorted(lengths)[int(0.9 * (len(lengths) - 1))], color="grey", alpha=0.15,
+                   label="reports written (min–p90)")
+        ax.axvline(statistics.median(lengths), color="grey", lw=1)
+    ax.set(xlabel="report length per sender (tokens)", ylabel="modelled TTEOA (s)", title=f"{title}: text vs CacheBack")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
