@@ -173,6 +173,7 @@ PROTOCOL_CASES = {
     "cacheback_chain": dict(ratio=4, latent_steps=1, max_new_tokens=2),
     "cacheback_chain-fixed": dict(ratio=4, latent_steps=1, max_new_tokens=2, budget="fixed", max_rows=24),
     "merge": dict(latent_steps=1, max_new_tokens=2),
+    "latentmas_sequential": dict(latent_steps=1, max_new_tokens=2),
     "merge-bag": dict(latent_steps=1, max_new_tokens=2, render="bag", order=(1, 0)),
     "packllm": dict(max_new_tokens=3),
     "packllm-question": dict(max_new_tokens=3, scope="question"),

@@ -1,4 +1,5 @@
-"""BagMerge (Agent Primitives): concatenate the caches in the given input order. Not commutative."""
+"""BagMerge (Agent Primitives): concatenate the caches in the given input order, repeats included.
+Not commutative, not idempotent: a re-delivered fragment is concatenated again."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,10 +16,12 @@ class BagMerge(Render):
 
     The permutation is stored as `permutation` (`order` is the Render method). On a FragmentSet the
     input order is digest order: the render is then arrival-independent, but which fragment lands in
-    the prefix slot is a hash, not a choice.
+    the prefix slot is a hash, not a choice. A sequence may repeat a fragment: each copy is a block
+    (N fragments of T_i rows render sum(T_i) rows), where a FragmentSet would have absorbed it.
     """
 
     name = "bag"
+    repeats = True
     permutation: tuple[int, ...] | None  # a permutation of range(N), or None = as given
 
     def __init__(self, order: Sequence[int] | None = None):

@@ -2,9 +2,10 @@
 document after them, thinks, scores the whole state against the receiver's query and sends on.
 
 Budgets: relative B_i = T_old + ceil(T_new / r), or fixed B_i = min(B_max, T_old + T_new), where T_old
-is the number of inherited rows and T_new the hop's own new rows. Inherited rows compete with the new
-document rows (they may be dropped); the first row and latent rows are always kept. Every row keeps
-its origin (which document, which characters), so evidence recall is measured on the final message.
+is the number of inherited rows and T_new the hop's own new rows. Inherited rows, token and latent alike,
+compete with the new document rows (any of them may be dropped); only the hop state's first row and the
+hop's own G latent rows are always kept, so each hop sends at most B_i + 1 + G rows. Every row keeps its
+origin (which document, which characters), so evidence recall is measured on the final message.
 """
 from __future__ import annotations
 
@@ -49,17 +50,18 @@ class CacheBackChain(CacheBack):
             state, t0 = r.state, time.perf_counter() - r.seconds
             per_row, eligible = document_rows(sender, document, len(state))
             row_origin = [(index, s) if s else None for s in per_row]
-            budget = fanin_budget(len(state), self.ratio)
+            budget, keep = fanin_budget(len(state), self.ratio), always_kept(state)
         else:
             state = sender.think(sender.prefill(HOP_PROMPT.format(document=document), rows=message),
                                  self.latent_steps, self.latent_mode)
-            row_origin, eligible = _hop_rows(sender, document, index, message, origins, len(state))
+            row_origin, eligible, keep = _hop_rows(sender, document, index, message, origins, len(state),
+                                                   self.latent_steps)
             t_old, t_new = len(message), len(state) - len(message) - self.latent_steps
             budget = (relative_chain_budget(t_old, t_new, self.ratio) if self.budget == "relative"
                       else fixed_chain_budget(t_old, t_new, self.max_rows))
         t1 = time.perf_counter()
         scores = self._selector.score(sender, state, self.query_text(sender, question))
-        rows = select_rows(scores, budget, always_kept(state), self.span, eligible)
+        rows = select_rows(scores, budget, keep, self.span, eligible)
         out = sender.rows(state.select(rows))
         t2 = time.perf_counter() - (getattr(self._selector, "last_seconds", 0.0)
                                     - getattr(self._selector, "last_press_seconds", 0.0))
@@ -84,18 +86,24 @@ class CacheBackChain(CacheBack):
                         "token_id_bytes": message.token_id_nbytes}, kept_spans=kept)
 
 
-def _hop_rows(sender: Agent, document: str, index: int, message: Rows, origins: list[Origin],
-              n_rows: int) -> tuple[list[Origin], torch.Tensor]:
-    """Origins and eligibility of a hop state's rows: [template | inherited rows | template + document]."""
+def _hop_rows(sender: Agent, document: str, index: int, message: Rows, origins: list[Origin], n_rows: int,
+              latent_steps: int) -> tuple[list[Origin], torch.Tensor, torch.Tensor]:
+    """Origins, eligibility and always-kept rows of a hop state: [template | inherited | template + doc | G latent].
+
+    Every inherited row (token or latent) and every document row is eligible; the first row and the hop's
+    own `latent_steps` latent rows (the state's last rows) are always kept.
+    """
     text = sender.chat_text(HOP_PROMPT.format(document=document))
     pre, _ = sender.slot_ids(text)  # the rows after the slot are tokenised from the text after it
     doc_origin: list[Origin] = [(index, s) if s else None
                                 for s in token_document_spans(sender, text.split(SLOT)[1], document)]
     row_origin = [None] * len(pre) + list(origins) + doc_origin
     device = sender.device  # with the sender's state (the message may come from another device)
-    eligible = torch.zeros(n_rows, dtype=torch.bool, device=device)
-    # inherited token rows may be dropped; latent rows are kept
-    eligible[len(pre):len(pre) + len(message)] = (message.token_ids >= 0).to(device)
+    eligible = torch.zeros(n_rows, dtype=torch.bool, device=device)  # (T,)
+    eligible[len(pre):len(pre) + len(message)] = True  # inherited rows compete, latent ones too
     eligible[len(pre) + len(message):len(row_origin)] = torch.tensor([o is not None for o in doc_origin],
                                                                      dtype=torch.bool, device=device)
-    return row_origin, eligible
+    keep = torch.zeros(n_rows, dtype=torch.bool, device=device)  # (T,)
+    keep[0] = True  # a hop state is never empty: it starts with the template
+    keep[n_rows - latent_steps:] = True  # this hop's own latent rows
+    return row_origin, eligible, keep

@@ -4,8 +4,10 @@ the judger answers over.
 
 `render="canonical"` orders the blocks by content (CanonicalMerge: the same bytes whatever the order
 the thinkers finish in); `render="bag"` concatenates them in thinker order, or in `order` (a
-permutation of the thinkers: `order=(1, 0)` puts thinker 1's block first). `query_aware` is the
-regime: thinkers see the question before thinking (aware) or not (blind).
+permutation of the thinkers: `order=(1, 0)` puts thinker 1's block first). `dedupe` (bag only): True
+renders identical thinker states once, as the set does; False renders one block per thinker, repeats
+included (BagMerge over the bag: a re-delivered fragment is concatenated again, the contrast to the
+set absorbing it). `query_aware` is the regime: thinkers see the question before thinking (aware) or not (blind).
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Sequence
 from ..agent import Agent
 from ..errors import UnknownNameError
 from ..merge import RENDERS, Fragment, FragmentSet, get_render
+from ..state import KVState
 from .base import Outcome, register
 from .fullkv import FullKV
 
@@ -27,6 +30,7 @@ class Merge(FullKV):
     render: str = "canonical"  # "canonical" or "bag"
     order: tuple[int, ...] | None = None  # bag only: thinker index per slot
     layer: int | None = None  # canonical only: the layer whose mean K-norm orders the blocks (None: middle)
+    dedupe: bool = True  # identical thinker states render once; False (bag only): once per thinker
 
     def __post_init__(self):
         super().__post_init__()
@@ -36,6 +40,11 @@ class Merge(FullKV):
             raise ValueError("order applies to render='bag' only (CanonicalMerge chooses its own order)")
         if self.layer is not None and self.render != "canonical":
             raise ValueError("layer applies to render='canonical' only")
+        if type(self.dedupe) is not bool:
+            raise ValueError(f"dedupe must be True or False, got {self.dedupe!r}")
+        if not self.dedupe and self.render != "bag":
+            raise ValueError("dedupe=False applies to render='bag' only (CanonicalMerge renders the FragmentSet, "
+                             "which absorbs identical states)")
         params = {"order": self.order} if self.render == "bag" else {"layer": self.layer}
         self._render = get_render(self.render, **params)
 
@@ -48,17 +57,34 @@ class Merge(FullKV):
             seconds.append(r.seconds + time.perf_counter() - t0)  # read (measured) + content addressing
             shared += r.shared
         t0 = time.perf_counter()
-        merged = FragmentSet(fragments)  # what replicas converge to; identical thinker states count once
-        unique = list({f.digest: f for f in fragments}.values())  # thinker order, duplicates dropped
-        if self.order is not None and len(unique) != len(fragments):
-            raise ValueError("order names every thinker, but some thinkers produced identical states")
-        state = self._render.render(unique if self.render == "bag" else merged)
-        ordered = self._render.order(unique)  # the same order render() used (orders are pure)
+        state, slots, merged = self.combine(fragments)
         render_s = time.perf_counter() - t0
         reply = receiver.answer(question, message=state, max_new_tokens=self.max_new_tokens)
-        slots = [next(i for i, f in enumerate(fragments) if f.digest == o.digest) for o in ordered]
-        return Outcome(self.name, reply.text, sum(len(f.state.to_bytes()) for f in merged), reply.context,
+        nbytes = sum(len(fragments[i].state.to_bytes()) for i in slots)  # every block sent, repeats included
+        return Outcome(self.name, reply.text, nbytes, reply.context,
                        tuple(seconds), reply.seconds + render_s,
                        {"message_rows": len(state), "slots": slots, "digest": state.digest(),
-                        "fragments": len(merged), "render_s": render_s, "shared_reads": shared},
+                        "fragments": len(merged), "blocks": len(slots), "render_s": render_s,
+                        "shared_reads": shared},
                        tuple(((0, len(d)),) for d in documents))
+
+    def combine(self, fragments: Sequence[Fragment]) -> tuple[KVState, list[int], FragmentSet]:
+        """The judger's cache from the thinkers' fragments (in thinker order), the thinker of each block
+        in cache order, and the FragmentSet they converge to (identical thinker states count once)."""
+        merged = FragmentSet(fragments)
+        first: dict[str, int] = {}  # digest -> the first thinker that produced it
+        for i, f in enumerate(fragments):
+            first.setdefault(f.digest, i)
+        given = list(range(len(fragments))) if not self.dedupe else list(first.values())  # thinker indices
+        if self.order is not None and len(given) != len(fragments):
+            raise ValueError("order names every thinker, but some thinkers produced identical states "
+                             "(dedupe=False renders one block per thinker)")
+        blocks = [fragments[i] for i in given]
+        state = self._render.render(blocks if self.render == "bag" else merged)
+        ordered = self._render.order(blocks)  # the same order render() used (orders are pure)
+        slots, used = [], set()  # a repeated fragment: each copy is matched to its own thinker
+        for o in ordered:
+            k = next(k for k, b in enumerate(blocks) if b is o and k not in used)
+            used.add(k)
+            slots.append(given[k])
+        return state, slots, merged

@@ -10,6 +10,10 @@ The memory has one token per receiver layer whatever the prompt lengths. Decoder
 shared across receiver layers; rows of all layers go through the decoder as one batch. Key residuals
 live in the un-rotated (content) space and are rotated to each row's position, so at init (head = 0)
 the receiver's state comes back bit-identical.
+
+Layers are stacked per group (attention type and row count: Llama/Qwen2 one global group, Gemma3 a
+global and a sliding one), so un-rotation, pooling, rows, scaling and the residual add are one op
+per group, not per layer; the RoPE cos/sin come from a cached table (`layers.rope_table`).
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from torch import nn
 
 from ..state import Geometry, KVState
 from .base import Translator, TranslatorConfig, register, with_layers
-from .layers import LayerMap, SlotPool, add_residuals, rms, unrotated
+from .layers import LayerGroup, LayerMap, SlotPool, add_group_residuals, layer_groups, rms
 
 
 @dataclass(frozen=True)
@@ -63,30 +67,28 @@ class XKV(Translator):
         nn.init.zeros_(self.gate.weight)
         nn.init.zeros_(self.gate.bias)
 
-    def memory(self, sharer: KVState, receiver: KVState, kv_r) -> torch.Tensor:
-        """The joint memory (L_R, d): one token per receiver layer."""
-        zs = self.layer_map(self.pool_s(unrotated(sharer)))  # (L_R, H_S k 2D_S)
-        zr = self.pool_r(kv_r)  # (L_R, H_R k 2D_R)
+    def memory(self, sharer: KVState, groups: list[LayerGroup]) -> torch.Tensor:
+        """The joint memory (1, L_R, d): one token per receiver layer. groups: the receiver's layer groups."""
+        zs = self.layer_map(self.pool_s.pool_groups(layer_groups(sharer)))  # (L_R, H_S k 2D_S)
+        zr = self.pool_r.pool_groups(groups)  # (L_R, H_R k 2D_R)
         tokens = self.in_s(zs) + self.in_r(zr) + self.layer_emb  # (L_R, d)
         return self.mixer(tokens[None])  # (1, L_R, d)
 
     def forward(self, sharer: KVState, receiver: KVState, **kw) -> KVState:
-        g = self.receiver
-        H, D = g.num_kv_heads, g.head_dim
-        kv_r = unrotated(receiver)  # per layer (H, T_l, D)
-        memory = self.memory(sharer, receiver, kv_r)
-        rows = [rms(torch.cat([k, v], -1).transpose(0, 1).flatten(1)) for k, v in kv_r]  # (T_l, H 2D)
-        sizes = [r.shape[0] for r in rows]
-        counts = torch.tensor(sizes, dtype=torch.int64, device=self.layer_emb.device)
-        layer_ids = torch.repeat_interleave(counts, output_size=sum(sizes))  # layer l repeated T_l times
-        q = self.query(torch.cat(rows)) + self.layer_emb[layer_ids]  # (ΣT_l, d)
+        H, D = self.receiver.num_kv_heads, self.receiver.head_dim
+        groups = layer_groups(receiver)  # stacked per (attention type, row count), keys without RoPE
+        memory = self.memory(sharer, groups)
+        rows = [rms(g.kv.transpose(1, 2).flatten(2)) for g in groups]  # (L_g, T_g, H 2D)
+        q = [self.query(r) + self.layer_emb[g.index][:, None] for r, g in zip(rows, groups)]  # (L_g, T_g, d)
+        sizes = [x.shape[0] * x.shape[1] for x in q]
+        q = torch.cat([x.flatten(0, 1) for x in q])  # (Σ L_g T_g, d): every row of every layer, one batch
         h, _ = self.decoder(q[None], memory, memory, need_weights=False)
-        h = self.norm(h[0] + q)  # (ΣT_l, d)
-        out = self.head(h).view(-1, H, 2, D)  # (ΣT_l, H, 2, D)
-        gates = torch.sigmoid(self.gate(h)).view(-1, H, 2, 1)  # (ΣT_l, H, 2, 1)
+        h = self.norm(h[0] + q)  # (Σ L_g T_g, d)
+        out = self.head(h).view(-1, H, 2, D) * torch.sigmoid(self.gate(h)).view(-1, H, 2, 1)  # (Σ L_g T_g, H, 2, D)
         deltas = []
-        for (k, v), d in zip(kv_r, (out * gates).split(sizes)):
-            scale_k, scale_v = k.pow(2).mean().sqrt().detach(), v.pow(2).mean().sqrt().detach()
-            d = d.permute(1, 2, 0, 3)  # (H, 2, T_l, D)
-            deltas.append((d[:, 0] * scale_k, d[:, 1] * scale_v))
-        return with_layers(receiver, add_residuals(receiver, kv_r, deltas))
+        for g, d in zip(groups, out.split(sizes)):
+            scale = g.kv.unflatten(-1, (2, D)).pow(2).mean((1, 2, 4)).sqrt().detach()  # (L_g, 2): K, V RMS per layer
+            d = d.view(g.kv.shape[0], g.kv.shape[2], H, 2, D).permute(3, 0, 2, 1, 4)  # (2, L_g, H, T_g, D)
+            d = d * scale.T[:, :, None, None, None]
+            deltas.append((d[0], d[1]))  # (L_g, H, T_g, D) each
+        return with_layers(receiver, add_group_residuals(receiver, groups, deltas))

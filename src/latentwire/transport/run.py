@@ -122,26 +122,19 @@ def merge_think(node, spec, document: str, question: str):
 
 
 def merge_judge(node, spec, question: str, *packed):
-    """The judger: merge the thinkers' fragments (a duplicate counts once), render, answer (as Merge.run)."""
-    from ..merge import FragmentSet
-
+    """The judger: merge the thinkers' fragments (`Merge.combine`: a duplicate counts once unless
+    dedupe=False), render, answer (as Merge.run)."""
     p = node.protocol(*spec)
     got = [node.unpack(m) for m in packed]
     t0 = time.perf_counter()
     fragments = [f for g in got for f in g.body]  # thinker order (one fragment per message)
-    merged = FragmentSet(fragments)
+    state, slots, merged = p.combine(fragments)
     node.replica = node.replica.merge(merged)
-    unique = list({f.digest: f for f in fragments}.values())
-    if p.order is not None and len(unique) != len(fragments):
-        raise ConfigError("order names every thinker, but some thinkers produced identical states")
-    state = p._render.render(unique if p.render == "bag" else merged)
-    ordered = p._render.order(unique)
     render_s = time.perf_counter() - t0
     reply = node.agent.answer(question, message=state, max_new_tokens=p.max_new_tokens)
-    slots = [next(i for i, f in enumerate(fragments) if f.digest == o.digest) for o in ordered]
     return _answer_info(reply) | _received_info(got) | {
         "render_s": render_s, "message_rows": len(state), "slots": slots, "digest": state.digest(),
-        "fragments": len(merged), "nbytes": sum(len(f.state.to_bytes()) for f in merged)}
+        "fragments": len(merged), "nbytes": sum(len(fragments[i].state.to_bytes()) for i in slots)}
 
 
 def chain_hop(node, spec, document: str, index: int, question: str, packed=None, previous=None):
