@@ -23,8 +23,8 @@ from latentwire.training.trainer import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = "gemma3-270m:smollm2-135m,qwen2.5-0.5b:gemma3-270m,smollm2-135m:gemma3-270m,smollm2-135m:smollm2-135m"
-METHODS = "xkv,lcfx,dense,c2c"
-LR = {"xkv": 1e-3, "lcfx": 1e-3, "dense": 3e-3, "c2c": 1e-3}
+METHODS = "xkv,lcfx,dense,dense_aware,c2c"  # dense_aware: dense trained for (and marked) context-aware
+LR = {"xkv": 1e-3, "lcfx": 1e-3, "dense": 3e-3, "dense_aware": 3e-3, "c2c": 1e-3}
 
 
 def run_dir(method: str, sharer: str, receiver: str) -> Path:
@@ -32,9 +32,11 @@ def run_dir(method: str, sharer: str, receiver: str) -> Path:
 
 
 def config(method: str, sharer: str, receiver: str, steps: int, batch: int) -> TrainConfig:
-    stage1 = steps // 3 if method == "dense" else 0  # dense: reconstruction first, then the answer loss
-    return TrainConfig(method, sharer, receiver, train_n=160, val_n=6, steps=steps + stage1, batch=batch,
-                       lr=LR[method], stage1_steps=stage1, eval_every=max(1, (steps + stage1) // 4))
+    dense = method.startswith("dense")
+    stage1 = steps // 3 if dense else 0  # dense: cache reconstruction first, then the answer loss
+    return TrainConfig("dense" if dense else method, sharer, receiver, train_n=160, val_n=6, steps=steps + stage1,
+                       batch=batch, lr=LR[method], stage1_steps=stage1, eval_every=max(1, (steps + stage1) // 4),
+                       context_aware=method == "dense_aware")
 
 
 def plot(folder: Path) -> None:
@@ -66,7 +68,7 @@ def main() -> None:
     ap.add_argument("--pairs", default=PAIRS)
     ap.add_argument("--methods", default=METHODS)
     ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--steps-for", default="dense=60,c2c=60", help="per-method answer-loss steps, e.g. c2c=60")
+    ap.add_argument("--steps-for", default="dense=60,dense_aware=60,c2c=60", help="per-method answer-loss steps, e.g. c2c=60")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()

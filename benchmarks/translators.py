@@ -28,7 +28,7 @@ from train_translators import PAIRS, run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINED = (("xkv", "xkv", False), ("lcfx", "lcfx", False), ("dense", "dense", False),
-           ("dense (aware)", "dense", True), ("c2c", "c2c", False))
+           ("dense (aware)", "dense_aware", True), ("c2c", "c2c", False))
 ROWS = ("alone", "t2t") + tuple(label for label, _, _ in TRAINED) + ("fullcontext",)
 
 

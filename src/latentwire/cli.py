@@ -135,8 +135,10 @@ def _train(args) -> int:
     cfg = TrainConfig(args.method, args.sharer, args.receiver, tasks=tasks, train_n=args.train_n, val_n=args.val_n,
                       steps=args.steps, batch=args.batch, lr=args.lr, stage1_steps=args.stage1_steps,
                       eval_every=args.eval_every, seed=args.seed, params=parse_filters(args.param, "--param"),
-                      device=args.device, dtype=args.dtype)
-    out = args.out or Path("runs") / "translators" / f"{args.method}_{Path(args.sharer).name}_{Path(args.receiver).name}"
+                      device=args.device, dtype=args.dtype, context_aware=args.context_aware)
+    mode = "_aware" if args.context_aware else ""
+    out = args.out or Path("runs") / "translators" / (f"{args.method}{mode}_{Path(args.sharer).name}_"
+                                                      f"{Path(args.receiver).name}")
     out = train(cfg, out)
     log = json.loads((Path(out) / TRAINER).read_text())
     val = f"{log['val'][-1][1]:.4f} at step {log['val'][-1][0]}" if log.get("val") else "(none)"
@@ -232,7 +234,9 @@ def main(argv=None) -> int:
     trn.add_argument("--lr", type=float, default=1e-3)
     trn.add_argument("--train-n", type=int, default=160, help="training pairs per task")
     trn.add_argument("--val-n", type=int, default=12, help="validation pairs per task")
-    trn.add_argument("--stage1-steps", type=int, default=0, help="dense only: reconstruction steps first")
+    trn.add_argument("--stage1-steps", type=int, default=0, help="dense only: cache-reconstruction steps first")
+    trn.add_argument("--context-aware", action="store_true",
+                     help="dense only: train (and mark the checkpoint) for the context-aware mode")
     trn.add_argument("--eval-every", type=int, default=50)
     trn.add_argument("--seed", type=int, default=0)
     trn.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",

@@ -52,9 +52,15 @@ class StateCache:
 
 def pair_states(pair: Pair, sharer: Agent, receiver: Agent, method: str, cache: StateCache | None = None,
                 context_aware: bool = False, stage1: bool = False) -> PairStates:
-    """The states `method` reads for one pair (from the cache when given, else fresh float32 prefills);
-    `stage1` adds the dense method's reconstruction target."""
+    """The states `method` reads for one pair (from the cache when given, else fresh float32 prefills).
+
+    `stage1` (dense): only what the reconstruction reads instead: the sharer's state S of its own
+    prompt, the receiver's state of that same prompt (`receiver_on_sharer`) and, unless both hold the
+    same tokens, the receiver-row -> sharer-row token alignment of that prompt (`align`, `mask`).
+    """
     get = cache.get if cache is not None else (lambda agent, prompt: agent.prefill(prompt))
+    if stage1:
+        return _stage1_states(pair, sharer, receiver, get)
     fields = needs(method, context_aware)
     kw = {}
     if "sharer" in fields:
@@ -63,8 +69,6 @@ def pair_states(pair: Pair, sharer: Agent, receiver: Agent, method: str, cache: 
         kw["receiver"] = get(receiver, own_prompt(pair.receiver_doc, pair.question))
     if "receiver_both" in fields:
         kw["receiver_both"] = get(receiver, both_prompt(pair.sharer_doc, pair.receiver_doc, pair.question))
-    if stage1:
-        kw["receiver_on_sharer"] = get(receiver, own_prompt(pair.sharer_doc, pair.question))
     if "sharer_both" in fields:
         from ..translate.token_alignment import align
 
@@ -73,3 +77,17 @@ def pair_states(pair: Pair, sharer: Agent, receiver: Agent, method: str, cache: 
         al = align(receiver, sharer, both)
         kw["align"], kw["mask"] = al.index, al.mask
     return PairStates(**kw)
+
+
+def _stage1_states(pair: Pair, sharer: Agent, receiver: Agent, get) -> PairStates:
+    prompt = own_prompt(pair.sharer_doc, pair.question)
+    S, target = get(sharer, prompt), get(receiver, prompt)  # (T_s rows), (T_r rows)
+    if S.geometry.tokenizer == target.geometry.tokenizer and torch.equal(S.token_ids.cpu(), target.token_ids.cpu()):
+        return PairStates(sharer=S, receiver_on_sharer=target)  # the same tokens: row t is row t
+    from ..translate.token_alignment import align
+
+    al = align(receiver, sharer, prompt)  # (T_r,) target row -> sharer row, on the receiver's device
+    if len(al) != len(target) or len(al.sharer_ids) != len(S):
+        raise ValueError(f"stage I: the alignment of {len(al)} x {len(al.sharer_ids)} tokens does not match the "
+                         f"states' {len(target)} x {len(S)} rows")
+    return PairStates(sharer=S, receiver_on_sharer=target, align=al.index, mask=al.mask)

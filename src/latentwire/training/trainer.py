@@ -4,7 +4,9 @@
     train(cfg, out="runs/translators/xkv_gemma3-270m_smollm2-135m")
 
 Each step averages the answer loss over `batch` training pairs (dense alignment: the stage-I
-reconstruction loss for its first `stage1_steps` steps, then the answer loss). The pair order is a
+reconstruction loss for its first `stage1_steps` steps, then the answer loss). Dense alignment trains
+in the mode it will be used in: `context_aware` reaches the pair states, the composition (training and
+validation) and the checkpoint's translator config, which then refuses the other mode. The pair order is a
 pure function of (seed, step), so a run is deterministic given the seed and resumes exactly: the
 folder holds the translator checkpoint (safetensors + config.json), the optimizer moments
 (optimizer.safetensors) and trainer.json (step, config, loss history). Validation loss every
@@ -33,6 +35,7 @@ from .states import StateCache, pair_states
 
 TRAINER = "trainer.json"
 OPTIMIZER = "optimizer.safetensors"
+_ADDED = {"context_aware": False}  # TrainConfig fields added after runs were saved, with the value those runs had
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,7 @@ class TrainConfig:
     lr: float = 1e-3
     weight_decay: float = 0.0
     stage1_steps: int = 0  # dense only: reconstruction steps before the answer loss
+    context_aware: bool = False  # dense only: the receiver answers over its own read of both documents
     eval_every: int = 50
     seed: int = 0
     params: dict = field(default_factory=dict)  # the translator's config fields
@@ -67,6 +71,11 @@ class TrainConfig:
             raise ConfigError("stage1_steps (reconstruction pre-training) applies to the dense method only")
         if not self.lr > 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if not isinstance(self.context_aware, bool) or (self.context_aware and self.method != "dense"):
+            raise ConfigError(f"context_aware (a bool) applies to the dense method only; got {self.context_aware!r} "
+                              f"for {self.method}")
+        if "context_aware" in self.params:
+            raise ConfigError("set the dense mode with TrainConfig(context_aware=...), not in params")
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self) | {"tasks": list(self.tasks)}
@@ -90,10 +99,10 @@ def batch_indices(n: int, seed: int, step: int, batch: int) -> list[int]:
     return out
 
 
-def step_loss(translator, states, pair: Pair, receiver: Agent, stage: int) -> torch.Tensor:
-    if stage == 1:
-        return translator.reconstruction_loss(states.sharer, states.receiver_on_sharer)
-    return answer_loss(receiver, compose(translator, states), pair.question, pair.target)
+def step_loss(translator, states, pair: Pair, receiver: Agent, stage: int, context_aware: bool = False) -> torch.Tensor:
+    if stage == 1:  # rows paired one to one (same tokens) or by the token alignment
+        return translator.reconstruction_loss(states.sharer, states.receiver_on_sharer, states.align, states.mask)
+    return answer_loss(receiver, compose(translator, states, context_aware), pair.question, pair.target)
 
 
 def train(cfg: TrainConfig, out: str | Path, sharer: Agent | None = None, receiver: Agent | None = None,
@@ -113,19 +122,24 @@ def train(cfg: TrainConfig, out: str | Path, sharer: Agent | None = None, receiv
     cache = cache or StateCache()
     train_pairs, val_pairs = data(cfg)
     # The translator trains where it writes: on the receiver's device, its parameters in float32.
+    mode = {"context_aware": cfg.context_aware} if cfg.method == "dense" else {}  # recorded in the checkpoint
     if log["step"]:
         translator = load(out, device=receiver.device).to(dtype=torch.float32).train()
+        if mode and translator.config.context_aware is None:  # a run saved before the mode was recorded
+            translator.config = dataclasses.replace(translator.config, **mode)
     else:
-        translator = build(cfg.method, sharer.geometry, receiver.geometry, seed=cfg.seed, **cfg.params)
+        translator = build(cfg.method, sharer.geometry, receiver.geometry, seed=cfg.seed, **cfg.params, **mode)
         translator = translator.to(device=receiver.device, dtype=torch.float32).train()
+    if mode:
+        translator.check_mode(cfg.context_aware)
     translator.check_pair(sharer.geometry, receiver.geometry)
     opt = torch.optim.AdamW(translator.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     if log["step"]:
         _load_optimizer(opt, translator, out / OPTIMIZER)
     log["parameters"] = translator.num_parameters
 
-    def states_of(pair: Pair, stage: int = 2):  # stage I also needs the reconstruction target
-        return pair_states(pair, sharer, receiver, cfg.method, cache, stage1=stage == 1)
+    def states_of(pair: Pair, stage: int = 2):  # stage I reads the reconstruction target instead
+        return pair_states(pair, sharer, receiver, cfg.method, cache, cfg.context_aware, stage1=stage == 1)
 
     bar = tqdm(range(log["step"], cfg.steps), initial=log["step"], total=cfg.steps, disable=not progress,
                desc=f"{cfg.method} {cfg.sharer}->{cfg.receiver}")
@@ -136,7 +150,7 @@ def train(cfg: TrainConfig, out: str | Path, sharer: Agent | None = None, receiv
         total = 0.0
         for i in batch_indices(len(train_pairs), cfg.seed, step, cfg.batch):
             pair = train_pairs[i]
-            loss = step_loss(translator, states_of(pair, stage), pair, receiver, stage) / cfg.batch
+            loss = step_loss(translator, states_of(pair, stage), pair, receiver, stage, cfg.context_aware) / cfg.batch
             loss.backward()
             total += float(loss.detach())
         torch.nn.utils.clip_grad_norm_(translator.parameters(), 1.0)
@@ -144,7 +158,8 @@ def train(cfg: TrainConfig, out: str | Path, sharer: Agent | None = None, receiv
         log["train"].append([step + 1, stage, total])
         bar.set_postfix(loss=f"{total:.3f}")
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
-            log["val"].append([step + 1, validation_loss(translator, val_pairs, states_of, receiver)])
+            val = validation_loss(translator, val_pairs, states_of, receiver, cfg.context_aware)
+            log["val"].append([step + 1, val])
             log["step"] = step + 1
             log["seconds"] = log.get("seconds", 0.0) + time.perf_counter() - t0
             t0 = time.perf_counter()
@@ -153,9 +168,11 @@ def train(cfg: TrainConfig, out: str | Path, sharer: Agent | None = None, receiv
 
 
 @torch.no_grad()
-def validation_loss(translator, val_pairs: list[Pair], states_of, receiver: Agent) -> float:
+def validation_loss(translator, val_pairs: list[Pair], states_of, receiver: Agent,
+                    context_aware: bool = False) -> float:
     translator.eval()
-    losses = [float(answer_loss(receiver, compose(translator, states_of(p)), p.question, p.target)) for p in val_pairs]
+    losses = [float(answer_loss(receiver, compose(translator, states_of(p), context_aware), p.question, p.target))
+              for p in val_pairs]
     translator.train()
     return sum(losses) / len(losses)
 
@@ -165,6 +182,7 @@ def _resume_log(out: Path, cfg: TrainConfig) -> dict:
     if not path.exists():
         return {"step": 0, "config": cfg.to_json(), "train": [], "val": []}
     log = json.loads(path.read_text())
+    log["config"] = _ADDED | log["config"]  # runs saved before a field existed ran with its default
     if log["config"] != cfg.to_json():
         diff = {k: (log["config"].get(k), v) for k, v in cfg.to_json().items() if log["config"].get(k) != v}
         raise ConfigError(f"{out} holds a run with another configuration {diff}; use a new folder")

@@ -4,12 +4,14 @@
     receiver      R      the receiver's prefill of its own document (+ question)
     sharer_both   S_b    the sharer's prefill of both documents (C2C: both models read the same input)
     receiver_both R_b    the receiver's prefill of both documents (context-aware dense alignment, C2C)
-    align, mask          receiver row -> sharer row of the same text in S_b / R_b (C2C)
+    align, mask          receiver row -> sharer row of the same text: R_b -> S_b (C2C); receiver_on_sharer
+                         -> S (dense stage I, when the two tokenize the prompt differently)
     receiver_on_sharer   the receiver's prefill of the sharer's document (dense stage-I target)
 
     xkv, lcfx      T(S, R)                       residuals on the receiver's own cache
     dense          concat(T(S), R)               context-unaware: the receiver never sees the sharer's text
     dense (aware)  concat(T(S), R_b)             context-aware: the receiver read both documents itself
+                                                 (a dense translator trained in one mode refuses the other)
     c2c            T(S_b, R_b, align, mask)      C2C's precondition: both read the same input
 """
 from __future__ import annotations
@@ -29,8 +31,8 @@ class PairStates:
     receiver: KVState | None = None
     sharer_both: KVState | None = None
     receiver_both: KVState | None = None
-    align: torch.Tensor | None = None  # (T_rb,) int64 rows of S_b
-    mask: torch.Tensor | None = None  # (T_rb,) bool
+    align: torch.Tensor | None = None  # (T_rb,) int64 rows of S_b (C2C); (T_rs,) rows of S (dense stage I)
+    mask: torch.Tensor | None = None  # same shape, bool
     receiver_on_sharer: KVState | None = None
 
 
@@ -57,6 +59,7 @@ def compose(translator: Translator, states: PairStates, context_aware: bool = Fa
     if name == "c2c":
         out = translator(states.sharer_both, states.receiver_both, align=states.align, mask=states.mask)
     elif name == "dense":
+        translator.check_mode(context_aware)  # ContextModeError if trained for the other mode
         own = states.receiver_both if context_aware else states.receiver
         translated = translator(states.sharer, None)
         out = KVState.concat([translated, cast(own, translated.dtype)])
