@@ -47,9 +47,11 @@ class CacheBack(Protocol):
     selector_params: dict = field(default_factory=dict)
     encoding: str = "rows"  # "rows" (one hidden-size row per position) or "token_ids" (ids + latent rows)
     span: int = SPAN
-    # "fixed": spans of `span` document rows (the paper); "sentence": spans end at the document's sentence
-    # and line boundaries (at most 2·span rows), so a fact is not split across two spans.
-    span_mode: str = "fixed"
+    # "sentence" (default): spans end at the document's sentence and line boundaries (at most 2·span rows),
+    # so a fact is not split across two spans; "fixed": spans of `span` document rows (the paper). Measured
+    # on 48 episodes per (task, model), 8× / 16× evidence recall: +8 / +13 points on Qwen `facts`, +0 / +11
+    # on Qwen `code`, +8 / +13 on Gemma3 `facts` (paired CIs above 0 except Qwen `code` at 8×).
+    span_mode: str = "sentence"
     # How q is appended after the finished state: "turn" = the receiver's own next chat turn asking the
     # question (what the receiver would prefill), "raw" = the question's tokens alone.
     query_format: str = "turn"
