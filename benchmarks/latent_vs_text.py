@@ -31,11 +31,12 @@ PROTOCOLS = {
     "all": ["alone", "fullcontext", "text"] + [f"text(ratio={r})" for r in RATIOS]
     + [f"fullkv(latent_steps={g}, query_aware={q})" for q in (False, True) for g in (0, 8)]
     + [f"cacheback(ratio={r}, latent_steps={g})" for g in (0, 8) for r in RATIOS]
-    + ["cacheback(ratio=8, latent_steps=8, encoding='token_ids')"],
+    + ["cacheback(ratio=8, latent_steps=8, encoding='token_ids')"]
+    + [f"latentmas_sequential(latent_steps=8, query_aware={q})" for q in (False, True)],
     # the verdict rows of the headline table, for a quicker pass
     "core": ["alone", "fullcontext", "text", "text(ratio=8)", "fullkv(latent_steps=8, query_aware=False)",
              "fullkv(latent_steps=8, query_aware=True)", "cacheback(ratio=8, latent_steps=8)",
-             "cacheback(ratio=16, latent_steps=8)"],
+             "cacheback(ratio=16, latent_steps=8)", "latentmas_sequential(latent_steps=8, query_aware=False)"],
 }
 CELLS = ("facts1_500", "facts1_2000", "facts1_4000", "code1", "facts2_2000")
 HEADLINE = [  # (a, b) rows of the summary table, when both ran
@@ -47,6 +48,7 @@ HEADLINE = [  # (a, b) rows of the summary table, when both ran
     ("fullkv(latent_steps=8, query_aware=False)", "text"),
     ("cacheback(ratio=8, latent_steps=8)", "cacheback(ratio=8, latent_steps=0)"),
     ("cacheback(ratio=8, latent_steps=8, encoding='token_ids')", "cacheback(ratio=8, latent_steps=8)"),
+    ("fullkv(latent_steps=8, query_aware=False)", "latentmas_sequential(latent_steps=8, query_aware=False)"),
 ]
 
 

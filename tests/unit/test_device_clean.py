@@ -170,6 +170,7 @@ PROTOCOL_CASES = {
     "cacheback": dict(ratio=4, latent_steps=2, max_new_tokens=2),
     "cacheback-token_ids-random": dict(ratio=4, latent_steps=1, max_new_tokens=2, encoding="token_ids",
                                        selector="random"),
+    "cacheback_x": dict(ratio=4, latent_steps=2, max_new_tokens=2),  # spans+latent: test_cacheback_x.py
     "cacheback_chain": dict(ratio=4, latent_steps=1, max_new_tokens=2),
     "cacheback_chain-fixed": dict(ratio=4, latent_steps=1, max_new_tokens=2, budget="fixed", max_rows=24),
     "merge": dict(latent_steps=1, max_new_tokens=2),

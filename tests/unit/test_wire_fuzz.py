@@ -17,6 +17,7 @@ from latentwire import wire
 from latentwire.agent import Agent
 from latentwire.errors import LatentWireError
 from latentwire.merge import FragmentSet
+from latentwire.message import Spans
 from latentwire.models import tiny_model, tiny_tokenizer
 from latentwire.state import Geometry, canonical_json
 
@@ -41,7 +42,11 @@ def seeds() -> tuple[tuple[str, bytes, dict], ...]:
             ("kv", wire.encode(state.select(range(5)), protocol="fullkv"), {"expect": g}),
             ("text", wire.encode("chat — 猫", protocol="text", sender_geometry=g), {}),
             ("fragments", wire.encode(FragmentSet.of(state.select([0]), state.select([1, 2])), protocol="merge"), {}),
-            ("signed", wire.encode(rows, signer=SIGNER, **kw), {"verify": SIGNER}))
+            ("signed", wire.encode(rows, signer=SIGNER, **kw), {"verify": SIGNER}),
+            ("spans", wire.encode(Spans.of("The cat sat — 猫.", [(0, 3), (8, 12)]), protocol="cacheback_x",
+                                  sender_geometry=g), {}),
+            ("spans_latent", wire.encode(Spans.of("The cat sat.", [(4, 7)], 1, latents=rows.embeds[-1:]),
+                                         protocol="cacheback_x", sender_geometry=g), {}))
 
 
 def split(data: bytes) -> tuple[dict, dict]:

@@ -177,14 +177,29 @@ class CacheBack(Protocol):
         return sentence_groups(per_row, document, 2 * self.span) if self.span_mode == "sentence" else None
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
+        parts, seconds, kept, timing = self.send(senders, documents, question)
+        message = Rows.cat(parts)
+        nbytes = message.nbytes if self.encoding == "rows" else message.token_id_nbytes
+        reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
+        return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds,
+                       {"senders": timing, "message_rows": len(message), "rows_bytes": message.nbytes,
+                        "token_id_bytes": message.token_id_nbytes}, kept_spans=tuple(kept))
+
+    def pack(self, sender: Agent, state: KVState, rows: torch.Tensor, per_row: list, document: str, index: int):
+        """What sender `index` sends for its selected `rows` (timed as its selection): the rows themselves."""
+        return sender.rows(state.select(rows))
+
+    def send(self, senders: Sequence[Agent], documents: Sequence[str], question: str) -> tuple[list, list, list, list]:
+        """Each sender reads, scores and selects: (what each sends (`pack`), its seconds, its kept document
+        spans per row, its timing record)."""
         parts, seconds, kept, timing = [], [], [], []
-        for sender, doc in self._pair(senders, documents):
+        for i, (sender, doc) in enumerate(self._pair(senders, documents)):
             r = self.sender_read(sender, doc, question)
             state, t1 = r.state, time.perf_counter()
             t0 = t1 - r.seconds  # charged the read it would pay alone, shared or not
             per_row, eligible = document_rows(sender, doc, len(state), self.sender_prompt(doc, question))
             rows = self.choose(sender, state, question, eligible, self.span_groups(per_row, doc), per_row)
-            parts.append(sender.rows(state.select(rows)))
+            parts.append(self.pack(sender, state, rows, per_row, doc, i))
             # Press baselines re-run the prefill to record scores a deployed sender records while reading:
             # that re-run is not charged, the scoring inside it is.
             scored_by = self.selector_for(per_row)
@@ -194,12 +209,7 @@ class CacheBack(Protocol):
             timing.append({"read_s": r.seconds, "select_s": t2 - t1, "rows": len(state), "sent": len(rows),
                            "shared_read": r.shared})
             kept.append(kept_document_spans(per_row, rows))
-        message = Rows.cat(parts)
-        nbytes = message.nbytes if self.encoding == "rows" else message.token_id_nbytes
-        reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
-        return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds,
-                       {"senders": timing, "message_rows": len(message), "rows_bytes": message.nbytes,
-                        "token_id_bytes": message.token_id_nbytes}, kept_spans=tuple(kept))
+        return parts, seconds, kept, timing
 
 
 def calibrate(scores: torch.Tensor, background: torch.Tensor, floor: float = 0.05) -> torch.Tensor:

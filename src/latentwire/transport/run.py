@@ -179,11 +179,14 @@ def run_protocol(transport: Transport, protocol: Protocol | tuple[str, dict], se
     from ..protocols import get_protocol
     from ..protocols.cacheback import CacheBack
     from ..protocols.cacheback_chain import CacheBackChain
+    from ..protocols.cacheback_x import CacheBackX
     from ..protocols.fullkv import FullKV
     from ..protocols.merge import Merge
 
     if isinstance(protocol, tuple):
         protocol = get_protocol(protocol[0], **protocol[1])
+    if isinstance(protocol, CacheBackX):  # a CacheBack whose message is Spans: the rows runner would send rows
+        raise ConfigError(f"protocol {protocol.name!r} has no distributed runner yet; run it in process (.run)")
     if on_lost not in ON_LOST:
         raise ConfigError(f"on_lost: want one of {ON_LOST}, got {on_lost!r}")
     if len(senders) != len(documents):

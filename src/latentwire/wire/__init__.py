@@ -7,10 +7,10 @@
 
 Layout, header schema and error rules: docs/wire.md.
 """
-from .format import (ENCODINGS, FORMAT, VERSION, Message, Selection, TokenRows, WireFormatError, content_digest,
-                     decode, encode)
+from .format import (ENCODING_VERSIONS, ENCODINGS, FORMAT, VERSION, Message, Selection, TokenRows, WireFormatError,
+                     content_digest, decode, encode)
 from .security import SignatureError, Signer, generate_key, open_sealed, seal, trusted_keys
 
-__all__ = ["ENCODINGS", "FORMAT", "VERSION", "Message", "Selection", "SignatureError", "Signer", "TokenRows",
-           "WireFormatError", "content_digest", "decode", "encode", "generate_key", "open_sealed", "seal",
+__all__ = ["ENCODING_VERSIONS", "ENCODINGS", "FORMAT", "VERSION", "Message", "Selection", "SignatureError", "Signer",
+           "TokenRows", "WireFormatError", "content_digest", "decode", "encode", "generate_key", "open_sealed", "seal",
            "trusted_keys"]

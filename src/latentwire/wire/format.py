@@ -3,7 +3,7 @@
     data = encode(rows, protocol="cacheback", sender_geometry=sender.geometry, positions=kept,
                   selection=Selection("cacheback", budget=94, ratio=16.0), signer=signer)
     msg = decode(data, expect=receiver.geometry, verify={signer.public_key})
-    msg.body  # Rows | TokenRows | KVState | str | FragmentSet, by msg.encoding
+    msg.body  # Rows | TokenRows | KVState | str | FragmentSet | Spans, by msg.encoding
 
 Never pickle: tensors are safetensors, the header is canonical JSON (sorted keys, no whitespace).
 `decode` is strict: anything malformed raises WireFormatError naming the field, a sender that does
@@ -11,6 +11,11 @@ not fit `expect` raises GeometryMismatchError, a missing/untrusted/bad signature
 other exception escapes and no partly checked object is returned. `encode` refuses what `decode`
 would reject, and `encode(decode(data)) == data` for every `data` that `encode` produced.
 Schema, digest and signature rules: docs/wire.md.
+
+Versions: the header fields are the same in every version; a message carries the version of its
+encoding (`ENCODING_VERSIONS`): version 1 for the original five, version 2 for the spans encodings
+added with cross-model CacheBack. Version-1 messages are written byte for byte as before, so older
+builds keep reading them, and an older build handed a spans message says "unsupported version".
 """
 from __future__ import annotations
 
@@ -27,13 +32,14 @@ import torch
 
 from ..errors import ConfigError, GeometryMismatchError, LatentWireError, StateFormatError
 from ..merge.fragments import Fragment, FragmentSet
-from ..message import Rows
+from ..message import Rows, Spans
 from ..state import Geometry, KVState, LayerKV, canonical_json
 from .security import SIGNATURE_ALG, Signer, SignatureError, trusted_keys, verify_signature
 
 FORMAT = "latentwire.message"
-VERSION = 1
-ENCODINGS = ("rows", "token_ids", "kv", "text", "fragments")
+VERSION = 2  # the newest header version this build reads and writes (it reads every version from 1)
+ENCODING_VERSIONS = {"rows": 1, "token_ids": 1, "kv": 1, "text": 1, "fragments": 1, "spans": 2, "spans_latent": 2}
+ENCODINGS = tuple(ENCODING_VERSIONS)
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 FIELDS = ("format", "version", "protocol", "sender", "encoding", "dtype", "positions", "selection", "digest")
 MAX_HEADER_BYTES = 8 << 20  # the safetensors JSON header (tensor table + our metadata)
@@ -112,7 +118,7 @@ class TokenRows:
         return Rows(rows, ids, self.space)
 
 
-Body = Union[Rows, TokenRows, KVState, str, FragmentSet]
+Body = Union[Rows, TokenRows, KVState, str, FragmentSet, Spans]
 
 
 @dataclass(frozen=True, eq=False)
@@ -153,8 +159,9 @@ def encode(obj, *, protocol: str | None = None, sender_geometry: Geometry | None
     """Serialise a message body (or re-serialise a decoded Message, keeping its signature unless `signer` is given).
 
     obj: Rows ("rows"; `encoding="token_ids"` sends ids + latent rows), TokenRows ("token_ids"), KVState
-    ("kv"), str ("text"), Fragment / FragmentSet ("fragments"). `positions`: the source row positions of
-    rows / token_ids (default 0..n-1). `sender_geometry` defaults to the state's own for kv / fragments.
+    ("kv"), str ("text"), Fragment / FragmentSet ("fragments"), Spans ("spans", or "spans_latent" when it
+    carries latent rows). `positions`: the source row positions of rows / token_ids (default 0..n-1).
+    `sender_geometry` defaults to the state's own for kv / fragments.
     """
     keep = None
     if isinstance(obj, Message):
@@ -212,21 +219,24 @@ def content_digest(header: dict, tensors: dict[str, torch.Tensor]) -> str:
 
 
 def _encoding_of(obj) -> str:
+    if isinstance(obj, Spans):
+        return "spans" if obj.latents is None else "spans_latent"
     for kind, cls in (("rows", Rows), ("token_ids", TokenRows), ("kv", KVState), ("text", str),
                       ("fragments", FragmentSet)):
         if isinstance(obj, cls):
             return kind
-    raise ConfigError(f"cannot encode a {type(obj).__name__}: want Rows, TokenRows, KVState, str, Fragment or "
-                      "FragmentSet")
+    raise ConfigError(f"cannot encode a {type(obj).__name__}: want Rows, TokenRows, KVState, str, Fragment, "
+                      "FragmentSet or Spans")
 
 
 def _dtype_of(obj, kind: str) -> str | None:
-    t = {"rows": lambda: obj.embeds, "token_ids": lambda: obj.latents, "kv": lambda: obj.latents}.get(kind)
+    t = {"rows": lambda: obj.embeds, "token_ids": lambda: obj.latents, "kv": lambda: obj.latents,
+         "spans_latent": lambda: obj.latents}.get(kind)
     return None if t is None else str(t().dtype).removeprefix("torch.")
 
 
 def _header(protocol, sender: Geometry, kind, dtype, positions, selection) -> dict:
-    return {"format": FORMAT, "version": VERSION, "protocol": protocol,
+    return {"format": FORMAT, "version": ENCODING_VERSIONS[kind], "protocol": protocol,
             "sender": {"model": sender.model, "tokenizer": sender.tokenizer, "geometry": sender.to_json()},
             "encoding": kind, "dtype": dtype, "positions": None if positions is None else list(positions),
             "selection": None if selection is None else selection.to_json()}
@@ -246,8 +256,17 @@ def _tensors(obj, kind: str) -> dict[str, torch.Tensor]:
             out |= {f"layers.{i}.keys": layer.keys, f"layers.{i}.values": layer.values,
                     f"layers.{i}.positions": layer.positions}
         return out
+    if kind in ("spans", "spans_latent"):
+        out = {"text": _utf8(obj.text), "spans": torch.tensor(obj.spans, dtype=torch.int64).reshape(-1, 2),
+               "document": torch.tensor([obj.document], dtype=torch.int64)}  # host tensors, like the text
+        return out | ({"latents": obj.latents} if kind == "spans_latent" else {})
     raw = obj.encode("utf-8") if kind == "text" else obj.to_bytes()
     return {kind: torch.from_numpy(numpy.frombuffer(raw, dtype=numpy.uint8).copy())}  # host bytes, empty or not
+
+
+def _utf8(text: str) -> torch.Tensor:
+    """(nbytes,) uint8 on the host: the UTF-8 bytes of `text`."""
+    return torch.from_numpy(numpy.frombuffer(text.encode("utf-8"), dtype=numpy.uint8).copy())
 
 
 def _own(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -399,7 +418,12 @@ def _finite(text: str) -> float:
 def _check_version(header: dict) -> None:
     _want(header.get("format") == FORMAT, "header.format", f"want {FORMAT!r}, got {_short(header.get('format'))}")
     v = header.get("version")
-    _want(type(v) is int and v == VERSION, "header.version", f"unsupported {_short(v)} (this build reads {VERSION})")
+    _want(type(v) is int and 1 <= v <= VERSION, "header.version",
+          f"unsupported {_short(v)} (this build reads 1 to {VERSION})")
+    kind = header.get("encoding")
+    if isinstance(kind, str) and kind in ENCODING_VERSIONS:  # one version per encoding: one spelling per message
+        _want(v == ENCODING_VERSIONS[kind], "header.version",
+              f"{kind} messages are version {ENCODING_VERSIONS[kind]}, not {v}")
     missing, extra = sorted(set(FIELDS) - set(header)), sorted(set(header) - set(FIELDS) - {"signature"})
     _want(not missing, "header", f"missing fields {missing}")
     _want(not extra, "header", f"unexpected fields {[e[:40] for e in extra[:5]]}")
@@ -437,7 +461,7 @@ def _check_fields(header: dict) -> Geometry:
     kind = header["encoding"]
     _want(kind in ENCODINGS, "header.encoding", f"want one of {list(ENCODINGS)}, got {_short(kind)}")
     dtype = header["dtype"]
-    if kind in ("text", "fragments"):
+    if kind in ("text", "fragments", "spans"):
         _want(dtype is None, "header.dtype", f"want null for {kind}")
     else:
         _want(isinstance(dtype, str) and dtype in DTYPES, "header.dtype",
@@ -496,7 +520,9 @@ def _geometry(sender: dict) -> Geometry:
 
 
 def _check_expect(sender: Geometry, kind: str, expect) -> None:
-    if kind == "text":
+    # Text fits any receiver, and so do spans: their latent rows stay in the sender's space until the
+    # receiver's LatentMap (fitted for this sender) maps them, and that map checks the pair.
+    if kind in ("text", "spans", "spans_latent"):
         return
     if isinstance(expect, Geometry):
         if kind in ("kv", "fragments"):
@@ -568,6 +594,16 @@ def _check_tensors(kind: str, tensors: dict, g: Geometry, dtype_name: str | None
                 _tensor(tensors[f"layers.{i}.{k}"], f"layers.{i}.{k}", dtype, (g.num_kv_heads, None, g.head_dim))
                 _finite_values(tensors[f"layers.{i}.{k}"], f"layers.{i}.{k}")
         return
+    elif kind in ("spans", "spans_latent"):
+        _names(tensors, {"text", "spans", "document"} | ({"latents"} if kind == "spans_latent" else set()))
+        _tensor(tensors["text"], "text", torch.uint8, (None,))
+        _tensor(tensors["spans"], "spans", torch.int64, (None, 2))
+        _tensor(tensors["document"], "document", torch.int64, (1,))
+        _want(int(tensors["document"][0]) >= 0, "tensors.document", "want a document index ≥ 0")
+        if kind == "spans_latent":
+            _tensor(tensors["latents"], "latents", dtype, (None, g.hidden_size))
+            _finite_values(tensors["latents"], "latents")
+        return
     else:
         _names(tensors, {kind})
         _tensor(tensors[kind], kind, torch.uint8, (None,))
@@ -618,7 +654,18 @@ def _fragments(tensors, g: Geometry) -> FragmentSet:
     return fs
 
 
-_BODY = {"rows": _rows, "token_ids": _token_rows, "kv": _kv, "text": _text, "fragments": _fragments}
+def _spans(tensors, g: Geometry) -> Spans:
+    text = _text(tensors, g)
+    latents = tensors.get("latents")
+    try:
+        return Spans(text, tuple(map(tuple, tensors["spans"].tolist())), int(tensors["document"][0]),
+                     (g.model, g.tokenizer), latents)
+    except StateFormatError as e:  # spans out of order, touching, or not what the text holds
+        raise WireFormatError("tensors.spans", str(e).removeprefix("spans: ")[:300]) from None
+
+
+_BODY = {"rows": _rows, "token_ids": _token_rows, "kv": _kv, "text": _text, "fragments": _fragments,
+         "spans": _spans, "spans_latent": _spans}
 
 
 def _to_device(body: Body, device: torch.device) -> Body:
@@ -631,4 +678,6 @@ def _to_device(body: Body, device: torch.device) -> Body:
         return body.to(device)
     if isinstance(body, FragmentSet):
         return FragmentSet(f.to(device) for f in body)
+    if isinstance(body, Spans) and body.latents is not None:
+        return Spans(body.text, body.spans, body.document, body.space, body.latents.to(device))
     return body

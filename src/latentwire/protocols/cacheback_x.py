@@ -1,0 +1,190 @@
+"""Cross-model CacheBack: senders of one model select as CacheBack does, a receiver of another model reads it.
+
+Each sender (model A) reads its document query-blind (prefill + G latent steps), scores its finished
+state against the receiver's question and selects rows within B = ceil(T / r) exactly as `CacheBack`
+(same read, scores, spans and budget). Rows of A do not transfer to a receiver of model B (other
+embeddings, other vocabulary), so the selection travels by `delivery`:
+
+    "spans"         the selected document rows become the exact character spans of the sender's document
+                    they cover (`message.Spans`): rows that follow each other in the sender's prompt form
+                    one span (so whitespace some tokenizers leave out of their offsets stays in), spans
+                    that overlap or touch are merged, in document order, `SEPARATOR` ("\\n…\\n") between
+                    two spans that do not touch. The first row (template) and the latent rows are
+                    dropped. No training; any pair of models.
+    "spans+latent"  the same text, then the sender's G latent rows mapped into B's input-embedding space
+                    by a `LatentMap` fitted for the pair (translate/latent_map.py, ridge in closed form),
+                    each rescaled to B's mean token-embedding norm as `Agent.rows` does for a model's own
+                    latent rows. A map of another pair, or of another latent mode, is refused.
+    ("translated", a trained translator's rows, is not implemented.)
+
+The receiver builds one `Rows` in its own space (`receiver_rows`): per sender, in sender order, the
+spans' text as its own tokenizer splits it, then that sender's mapped latent rows; senders separated by
+"\\n\\n". The rows are re-prefilled in its template slot (`Agent.answer(question, message=rows)`), so both
+deliveries take one path and "spans+latent" with G = 0 is "spans" exactly. Overflowing the receiver's
+window raises MessageOverflowError (a ContextOverflowError naming the senders' and the receiver's
+models) before the receiver computes anything.
+
+Bytes: each message's UTF-8 text plus its latent rows (`Spans.nbytes`); on the wire a `Spans` is the
+"spans" / "spans_latent" encoding (wire/format.py, version 2). The receiver's map and embedding time
+counts in its seconds. `kept_spans` are the spans sent, per sender, so evidence recall is measured as
+for CacheBack.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from ..agent import MESSAGE_PROMPT, Agent
+from ..errors import ConfigError, ContextOverflowError, UnknownNameError
+from ..message import SEPARATOR, Rows, Spans, merge_spans
+from ..state import KVState
+from ..translate.latent_map import LatentMap
+from .base import Outcome, register
+from .cacheback import CacheBack
+
+DELIVERIES = ("spans", "spans+latent")
+SENDER_SEPARATOR = "\n\n"  # between two senders' texts in the receiver's slot
+__all__ = ["DELIVERIES", "SENDER_SEPARATOR", "SEPARATOR", "CacheBackX", "MessageOverflowError", "receiver_rows",
+           "sent_spans"]
+
+
+class MessageOverflowError(ContextOverflowError):
+    """Spans (text + latent rows) that would overflow the receiver's context window; names both sides' models."""
+
+    def __init__(self, needed: int, window: int, breakdown: dict[str, int], senders: Sequence[str], receiver: str):
+        super().__init__(needed, window, breakdown)
+        self.senders, self.receiver = tuple(senders), receiver
+        self.args = (f"spans from sender {', '.join(self.senders)} to receiver {receiver}: {self.args[0]}",)
+
+    def __reduce__(self):
+        return type(self), (self.needed, self.window, self.breakdown, self.senders, self.receiver)
+
+
+@register
+@dataclass
+class CacheBackX(CacheBack):
+    name = "cacheback_x"
+    delivery: str = "spans"  # "spans" or "spans+latent"
+    # "spans+latent": the LatentMap for (sender -> receiver), a folder written by `LatentMap.save` or the map
+    latent_map: str | Path | LatentMap | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.delivery not in DELIVERIES:
+            raise UnknownNameError("delivery", self.delivery, DELIVERIES)
+        if self.encoding != "rows":
+            raise ValueError("cacheback_x sends Spans (wire encoding 'spans' or 'spans_latent', by delivery): "
+                             "leave `encoding` at its default")
+        if (self.delivery == "spans+latent") != (self.latent_map is not None):
+            raise ValueError("delivery 'spans+latent' needs latent_map= (a folder written by LatentMap.save, or a "
+                             "LatentMap) and 'spans' takes none")
+        if not isinstance(self.latent_map, (str, Path, LatentMap, type(None))):
+            raise ValueError(f"latent_map: want a folder or a LatentMap, got {type(self.latent_map).__name__}")
+        self._maps: dict[str, LatentMap] = {}  # receiver device -> the map there
+
+    def map_for(self, receiver: Agent) -> LatentMap:
+        """The latent map on the receiver's device, loaded once; its latent mode must be this protocol's."""
+        key = str(receiver.device)
+        if key not in self._maps:
+            m = self.latent_map if isinstance(self.latent_map, LatentMap) else LatentMap.load(self.latent_map)
+            if m.latent_mode != self.latent_mode:
+                raise ConfigError(f"latent map {m.pair} was fitted on {m.latent_mode!r} latent rows; this protocol's "
+                                  f"senders think with latent_mode={self.latent_mode!r}")
+            self._maps[key] = m.to(receiver.device)
+        return self._maps[key]
+
+    def pack(self, sender: Agent, state: KVState, rows: torch.Tensor, per_row: list, document: str,
+             index: int) -> Spans:
+        """Sender `index`'s message: the document spans its selected rows cover (+ its latent rows)."""
+        latents = None
+        if self.delivery == "spans+latent":
+            lat = rows[state.is_latent[rows]]  # (G,) every latent row is always kept
+            latents = (sender.rows(state.select(lat)).embeds if len(lat) else  # (G, d_A), as CacheBack sends them
+                       torch.zeros(0, sender.geometry.hidden_size, dtype=sender.dtype, device=sender.device))
+        return Spans.of(document, sent_spans(per_row, rows), index,
+                        (sender.geometry.model, sender.geometry.tokenizer), latents)
+
+    def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
+        latent_map = self.map_for(receiver) if self.delivery == "spans+latent" else None
+        for sender in senders if latent_map is not None else ():
+            latent_map.check(sender, receiver)  # refused before any sender reads
+        messages, seconds, _, timing = self.send(senders, documents, question)
+        t0 = time.perf_counter()
+        rows = receiver_rows(receiver, question, messages, latent_map, self.max_new_tokens)
+        build_s = time.perf_counter() - t0
+        reply = receiver.answer(question, message=rows, max_new_tokens=self.max_new_tokens)
+        for t, m in zip(timing, messages):
+            t.update(spans=len(m.spans), text_chars=len(m.text), latent_rows=0 if m.latents is None else len(m.latents))
+        n_lat = int((rows.token_ids == -1).sum())
+        text_bytes = sum(len(m.text.encode("utf-8")) for m in messages)
+        nbytes = sum(m.nbytes for m in messages)
+        return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds + build_s,
+                       {"senders": timing, "delivery": self.delivery, "message_rows": len(rows),
+                        "text_rows": len(rows) - n_lat, "latent_rows": n_lat, "text_bytes": text_bytes,
+                        "latent_bytes": nbytes - text_bytes, "receiver_build_s": build_s},
+                       kept_spans=tuple(m.spans for m in messages))
+
+
+def sent_spans(per_row: list, rows: torch.Tensor) -> tuple[tuple[int, int], ...]:
+    """The document character spans that the selected `rows` cover (`per_row`: `document_rows`' spans), merged:
+    rows that follow each other in the prompt form one span (characters between two consecutive tokens that
+    no token's offsets cover, e.g. trimmed whitespace, are kept), spans that overlap or touch are merged."""
+    out: list[tuple[int, int]] = []
+    prev = -2
+    for r in sorted(set(rows.tolist())):
+        span = per_row[r] if r < len(per_row) else None
+        if span is None:  # template, question or latent row
+            continue
+        if out and r == prev + 1:  # the next token of the same run
+            out[-1] = (out[-1][0], max(out[-1][1], span[1]))
+        else:
+            out.append(tuple(span))
+        prev = r
+    return merge_spans(out)
+
+
+@torch.no_grad()
+def receiver_rows(receiver: Agent, question: str, messages: Sequence[Spans], latent_map: LatentMap | None = None,
+                  max_new_tokens: int = 48) -> Rows:
+    """The receiver's input for these messages, as `Rows` in its own space: per message (sender order) its text
+    as the receiver tokenizes it (SENDER_SEPARATOR before each but the first), then its latent rows mapped by
+    `latent_map` and rescaled to the receiver's mean embedding norm.
+
+    Before any compute: MessageOverflowError unless rows + prompt + `max_new_tokens` fit the receiver's window;
+    a message with latent rows needs `latent_map`, fitted for its sender and this receiver
+    (LatentMapMismatchError otherwise).
+    """
+    tok = receiver.tokenizer
+    ids = [receiver.ids(tok((SENDER_SEPARATOR if i else "") + m.text, add_special_tokens=False)["input_ids"])
+           for i, m in enumerate(messages)]  # per message (n_i,) int64
+    n_lat = [0 if m.latents is None else m.latents.shape[0] for m in messages]
+    pre, post = receiver.slot_ids(receiver.chat_text(MESSAGE_PROMPT.format(question=question)))
+    parts = {"spans_text": sum(len(i) for i in ids), "latent_rows": sum(n_lat), "prompt": len(pre) + len(post),
+             "max_new_tokens": max_new_tokens}
+    if sum(parts.values()) > receiver.context_window:
+        names = sorted({m.space[0] if m.space else f"#{m.document}" for m in messages})
+        raise MessageOverflowError(sum(parts.values()), receiver.context_window, parts, names, receiver.model_name)
+    embeds, token_ids = [], []
+    for m, m_ids, g in zip(messages, ids, n_lat):
+        embeds.append(receiver.embed(m_ids))  # (n_i, d_B)
+        token_ids.append(m_ids)
+        if m.latents is None:
+            continue
+        if latent_map is None:
+            raise ConfigError(f"spans from {m.space[0] if m.space else 'a sender'} carry {g} latent rows: the "
+                              "receiver needs a latent_map fitted for that sender and itself")
+        if m.space is None:
+            raise ConfigError("spans with latent rows must name their sender (space=(model, tokenizer)): the latent "
+                              "map for the pair is checked against it")
+        mapped = latent_map.apply(m.latents, sender=m.space, receiver=receiver)  # (G, d_B) float32
+        mapped = mapped * (receiver.mean_embedding_norm / mapped.norm(dim=-1, keepdim=True).clamp_min(1e-12))
+        embeds.append(mapped.to(receiver.device, receiver.dtype))
+        token_ids.append(torch.full((g,), -1, dtype=torch.int64, device=receiver.device))
+    d = receiver.geometry.hidden_size
+    return Rows(torch.cat(embeds) if embeds else torch.zeros(0, d, dtype=receiver.dtype, device=receiver.device),
+                torch.cat(token_ids) if token_ids else torch.zeros(0, dtype=torch.int64, device=receiver.device),
+                (receiver.geometry.model, receiver.geometry.tokenizer))
