@@ -12,8 +12,6 @@ import pickle
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from latentwire.agent import MESSAGE_PROMPT, Agent
 from latentwire.bench.episode import Episode, Span
@@ -21,7 +19,7 @@ from latentwire.bench.runner import score
 from latentwire.errors import (ConfigError, ContextOverflowError, GeometryMismatchError, StateFormatError,
                                UnknownNameError)
 from latentwire.message import SEPARATOR, Spans, merge_spans
-from latentwire.models.tiny import _SPECIALS
+from latentwire.models import tiny_merged_tokenizer
 from latentwire.protocols import cacheback, get_protocol
 from latentwire.protocols.base import SENDER_PROMPT
 from latentwire.protocols.cacheback import CacheBack
@@ -44,15 +42,7 @@ OTHER_TEMPLATE = (
 
 @pytest.fixture(scope="module")
 def merged():
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {t: i for i, t in enumerate(_SPECIALS + alphabet + ["Ġt", "he", "Ġthe"])}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[("Ġ", "t"), ("h", "e"), ("Ġt", "he")]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
-                                   eos_token="<|im_end|>", additional_special_tokens=["<|im_start|>", "</s>"])
-    fast.chat_template = OTHER_TEMPLATE
-    return fast
+    return tiny_merged_tokenizer(OTHER_TEMPLATE)
 
 
 @pytest.fixture

@@ -11,13 +11,11 @@ import json
 
 import pytest
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
 
 from latentwire.agent import Agent
 from latentwire.bench.tasks.pairs import pairs
 from latentwire.errors import ConfigError
-from latentwire.models.tiny import _SPECIALS
+from latentwire.models import tiny_merged_tokenizer
 from latentwire.protocols.pair import get_pair_protocol, own_prompt
 from latentwire.rope import rotate_keys
 from latentwire.translate import build, load
@@ -35,16 +33,8 @@ TEMPLATE = ("<s>[system] Be brief.</s>\n"
 
 
 @pytest.fixture(scope="module")
-def merged() -> PreTrainedTokenizerFast:
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {t: i for i, t in enumerate(_SPECIALS + alphabet + ["Ġt", "he", "Ġthe"])}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[("Ġ", "t"), ("h", "e"), ("Ġt", "he")]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
-                                   eos_token="<|im_end|>", additional_special_tokens=["<|im_start|>", "</s>"])
-    fast.chat_template = TEMPLATE
-    return fast
+def merged():
+    return tiny_merged_tokenizer(TEMPLATE)
 
 
 @pytest.fixture

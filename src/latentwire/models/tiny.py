@@ -15,20 +15,38 @@ _CHATML = (
 )
 
 
-def tiny_tokenizer():
-    """Byte-level tokenizer (256 byte symbols + ChatML specials), built in memory."""
+def _byte_level(extra: list[str], merges: list[tuple[str, str]], chat_template: str):
+    """A byte-level BPE tokenizer (256 byte symbols + ChatML specials + `extra`), built in memory."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    alphabet = pre_tokenizers.ByteLevel.alphabet()
-    vocab = {tok: i for i, tok in enumerate(_SPECIALS + sorted(alphabet))}
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    vocab = {t: i for i, t in enumerate(_SPECIALS + sorted(pre_tokenizers.ByteLevel.alphabet()) + extra)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
                                    eos_token="<|im_end|>", additional_special_tokens=["<|im_start|>", "</s>"])
-    fast.chat_template = _CHATML
+    fast.chat_template = chat_template
     return fast
+
+
+def tiny_tokenizer():
+    """Byte-level tokenizer (256 byte symbols + ChatML specials), built in memory."""
+    return _byte_level([], [], _CHATML)
+
+
+_BRACKETS = (
+    "<s>[system] Be brief.</s>\n"
+    "{% for m in messages %}<s>[{{ m['role'] }}] {{ m['content'] | trim }}</s>\n{% endfor %}"
+    "{% if add_generation_prompt %}<s>[assistant] {% endif %}"
+)
+
+
+def tiny_merged_tokenizer(chat_template: str = _BRACKETS):
+    """A second tokenizer for cross-tokenizer tests: the same bytes plus three merges ("Ġt", "he", "Ġthe"),
+    so one text segments differently, and another chat template (default: `[role]` turns with a system
+    line). Its 264 ids fit the tiny models' embedding."""
+    return _byte_level(["Ġt", "he", "Ġthe"], [("Ġ", "t"), ("h", "e"), ("Ġt", "he")], chat_template)
 
 
 TINY_VOCAB = 264  # ≥ len(tiny_tokenizer()) == 261
