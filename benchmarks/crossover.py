@@ -5,14 +5,14 @@ length beyond which CacheBack answers sooner than text.
                                    [--senders 3] [--answer-tokens 12]
 
 Measured on the model (median of `--repeats` runs each, machine otherwise idle):
-    prefill(n)      a fresh prefill of n tokens                          fit a + b·n + c·n²
+    prefill(n)      a fresh prefill of n tokens                          fit a + b·n
     step(ctx)       one decode step (or latent step) at context ctx       fit d + e·ctx
     score(T)        CacheBack scoring of a T-row state for one question   fit f + g·T
-    rows(R)         the receiver's prefill of R re-prefilled rows + prompt fit as prefill
+    rows(R)         the receiver's prefill of R re-prefilled rows + prompt (a check: modelled as prefill(R + q))
 Modelled (S senders in parallel, each with a T-token document; text reports of L tokens each; the
 receiver answers A tokens):
     text      = prefill(T) + L·step(T)                  + prefill(S·L + q) + A·step(S·L + q)
-    cacheback = prefill(T) + G·step(T) + score(T)       + rows(S·(T/r + G) + q) + A·step(S·(T/r + G) + q)
+    cacheback = prefill(T) + G·step(T) + score(T)       + prefill(S·(T/r + G) + q) + A·step(S·(T/r + G) + q)
 and, for a deployed system whose agents read their documents before the question arrives:
     text, pre-read      = prefill of the question on the cached document + L·step(T) + receiver
     cacheback, pre-read = score(T) + receiver
@@ -87,7 +87,7 @@ def model(f: dict, T: float, L: float, args, q: int) -> dict:
     S, A, G, r = args.senders, args.answer_tokens, args.latent_steps, args.ratio
     recv_text = poly(f["prefill"], S * L + q) + A * poly(f["step"], S * L + q)
     rows = S * (math.ceil(T / r) + G) + q
-    recv_cb = poly(f["rows"], rows) + A * poly(f["step"], rows)
+    recv_cb = poly(f["prefill"], rows) + A * poly(f["step"], rows)  # re-prefilled rows cost what tokens do
     question_on_cache = max(0.0, poly(f["prefill"], T + q) - poly(f["prefill"], T))
     return {"text": poly(f["prefill"], T) + L * poly(f["step"], T) + recv_text,
             "cacheback": poly(f["prefill"], T) + G * poly(f["step"], T) + poly(f["score"], T) + recv_cb,
@@ -131,9 +131,8 @@ def main() -> None:
     agent = Agent.from_pretrained(args.model, dtype=args.dtype)
     dtype = str(agent.dtype).removeprefix("torch.")
     raw = measure(agent, args.repeats, args.latent_steps)
-    f = {"prefill": fit(raw["prefill"], 2), "step": fit(raw["step"], 1), "score": fit(raw["score"], 1),
-         "rows": fit(raw["rows"], 2)}
     q = len(agent.tokenizer(agent.continuation_text(KV_PROMPT.format(question=QUESTION)))["input_ids"])
+    f = {"prefill": fit(raw["prefill"], 1), "step": fit(raw["step"], 1), "score": fit(raw["score"], 1)}
     lengths = report_lengths(args.model)
     L_med = statistics.median(lengths) if lengths else None
     cmd = " ".join(["python benchmarks/crossover.py"] + sys.argv[1:])
@@ -141,12 +140,14 @@ def main() -> None:
              f"G = {args.latent_steps}", "", f"Command: `{cmd}`", "",
              "Measured costs (median of repeats) and their fits:", "",
              "| document rows T | prefill s | decode step s | 8 latent steps s | CacheBack scoring s | "
-             "receiver prefill of T/8 rows s |", "|---:|---:|---:|---:|---:|---:|"]
+             "receiver prefill of T/8 rows s (prefill fit) |", "|---:|---:|---:|---:|---:|---:|"]
     for i in range(len(LENGTHS)):
+        R = raw["rows"][i][0]
         lines.append(f"| {raw['prefill'][i][0]} | {raw['prefill'][i][1]:.3f} | {raw['step'][i][1]:.4f} | "
-                     f"{raw['think'][i][1]:.3f} | {raw['score'][i][1]:.3f} | {raw['rows'][i][1]:.3f} |")
-    lines += ["", f"Fits: prefill(n) = {f['prefill'][0]:.3f} + {1e3 * f['prefill'][1]:.3f} ms·n + "
-              f"{1e6 * f['prefill'][2]:.4f} µs·n²; step(ctx) = {1e3 * f['step'][0]:.2f} ms + "
+                     f"{raw['think'][i][1]:.3f} | {raw['score'][i][1]:.3f} | {raw['rows'][i][1]:.3f} "
+                     f"({poly(f['prefill'], R + q):.3f}) |")
+    lines += ["", f"Fits: prefill(n) = {f['prefill'][0]:.3f} s + {1e3 * f['prefill'][1]:.3f} ms·n; "
+              f"step(ctx) = {1e3 * f['step'][0]:.2f} ms + "
               f"{1e6 * f['step'][1]:.3f} µs·ctx; score(T) = {1e3 * f['score'][0]:.1f} ms + {1e3 * f['score'][1]:.4f} ms·T.",
               "", f"Report lengths the models wrote in this repository's text runs ({args.model}): "
               + (f"median {L_med:.0f} tokens per sender (n = {len(lengths)}, 90th percentile "
