@@ -33,3 +33,4 @@ bench-models: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
+	@echo "Kept the converted model caches; to remove them too: rm -rf $${LATENTWIRE_CACHE:-$$HOME/.cache/latentwire}"

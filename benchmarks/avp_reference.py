@@ -1,7 +1,7 @@
 """External reference: AVP's own LatentMAS chain (pip package `avp`, 0.6.2) on a latent_vs_text cell.
 
     pip install avp==0.6.2 zstandard protobuf     # optional; never a latentwire dependency
-    python benchmarks/avp_reference.py [--cell facts1_500] [--n 24] [--model qwen2.5-0.5b] [--steps 8]
+    python benchmarks/avp_reference.py [--cell facts1_500] [--n 24] [--model qwen2.5-coder-0.5b] [--steps 8]
 
 AVP runs the same weights latentwire loads (its `HuggingFaceConnector` wraps our Agent's model and
 tokenizer): agent i calls `connector.think(prompt_i, steps=G, context=previous)`, which renders
@@ -62,7 +62,7 @@ def avp_chain(conn, documents, question: str, steps: int, max_new_tokens: int) -
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="qwen2.5-0.5b")
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--cell", default="facts1_500")
     ap.add_argument("--n", type=int, default=24)
     ap.add_argument("--seed", type=int, default=2026)

@@ -1,7 +1,7 @@
 """Where the time goes, and the crossover: per-token costs of every TTEOA part, fitted, and the report
 length beyond which CacheBack answers sooner than text.
 
-    python benchmarks/crossover.py [--model qwen2.5-0.5b] [--dtype bfloat16] [--ratio 8] [--latent-steps 8]
+    python benchmarks/crossover.py [--model qwen2.5-coder-0.5b] [--dtype bfloat16] [--ratio 8] [--latent-steps 8]
                                    [--senders 3] [--answer-tokens 12]
 
 Measured on the model (median of `--repeats` runs each, machine otherwise idle):
@@ -120,7 +120,7 @@ def report_lengths(model_name: str) -> list[int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="qwen2.5-0.5b")
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--ratio", type=float, default=8)
     ap.add_argument("--latent-steps", type=int, default=8)

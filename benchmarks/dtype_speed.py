@@ -1,6 +1,6 @@
 """fp32 vs bf16, per bundled model: raw prefill / decode speed, then fan-in end to end on the same episodes.
 
-    python benchmarks/dtype_speed.py [--models qwen2.5-0.5b,smollm2-135m,gemma3-270m] [--n 48]
+    python benchmarks/dtype_speed.py [--models qwen2.5-coder-0.5b,smollm2-135m,gemma3-270m] [--n 48]
                                      [--filter length_bucket=500] [--device cpu]
 
 Part 1: prefill tok/s on a 512-token prompt and greedy decode tok/s (32 forced steps after it), medians
@@ -92,7 +92,7 @@ def ci(v, fmt="{:.2f}") -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="qwen2.5-0.5b,smollm2-135m,gemma3-270m")
+    ap.add_argument("--models", default="qwen2.5-coder-0.5b,smollm2-135m,gemma3-270m")
     ap.add_argument("--task", default="facts")
     ap.add_argument("--n", type=int, default=48)
     ap.add_argument("--seed", type=int, default=0)

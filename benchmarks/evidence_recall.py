@@ -42,6 +42,20 @@ def scorer(name: str, latent_steps: int):
     return CacheBack.variant(name.split("[")[0].split("/")[0], latent_steps=latent_steps).scores
 
 
+def gold_positions(ep, agent_index: int, tok) -> set[int]:
+    """Token positions of the gold evidence in sender `agent_index`'s document."""
+    doc = ep.contexts[agent_index]
+    return set(span_token_positions(doc, [(s.start, s.end) for s in ep.evidence if s.agent == agent_index], tok))
+
+
+def kept_gold(scores, state, ratio: float, eligible, per_row: list, doc: str, tok, gold: set[int],
+              groups: list[list[int]] | None = None) -> int:
+    """Gold evidence tokens kept when `scores` select B = ceil(T / ratio) rows of `state` (fixed spans, or
+    `groups`, e.g. sentence spans)."""
+    rows = select_rows(scores, fanin_budget(len(state), ratio), always_kept(state), eligible=eligible, groups=groups)
+    return len(gold & set(span_token_positions(doc, kept_document_spans(per_row, rows), tok)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
@@ -80,7 +94,7 @@ def main() -> None:
         gold_total, kept = 0, {k: 0 for k in hits}
         for a in sorted({s.agent for s in ep.evidence}):
             doc = ep.contexts[a]
-            gold = set(span_token_positions(doc, [(s.start, s.end) for s in ep.evidence if s.agent == a], tok))
+            gold = gold_positions(ep, a, tok)
             gold_total += len(gold)
             t0 = time.perf_counter()
             state = reader.read(agent, doc)
@@ -97,10 +111,7 @@ def main() -> None:
                 for qa_name, reader_ in qa_readers.items():
                     qa_scores = reader_.scores(agent, qa_state, ep.question, qa_rows)
                     for r in RATIOS:
-                        rows = select_rows(qa_scores, fanin_budget(len(qa_state), r), always_kept(qa_state),
-                                           eligible=qa_eligible)
-                        spans = kept_document_spans(qa_rows, rows)
-                        kept[(qa_name, r)] += len(gold & set(span_token_positions(doc, spans, tok)))
+                        kept[(qa_name, r)] += kept_gold(qa_scores, qa_state, r, qa_eligible, qa_rows, doc, tok, gold)
             for name in names:
                 if name in unsupported or name in qa_readers:
                     continue
@@ -123,10 +134,8 @@ def main() -> None:
                     select_rows(scores, fanin_budget(len(state), 8), always_kept(state), eligible=eligible)
                     select_s.append(time.perf_counter() - t1)
                 for r in RATIOS:
-                    rows = select_rows(scores, fanin_budget(len(state), r), always_kept(state), eligible=eligible,
-                                       groups=groups if name.endswith("/sentence") else None)
-                    spans = kept_document_spans(per_row, rows)
-                    kept[(name, r)] += len(gold & set(span_token_positions(doc, spans, tok)))
+                    kept[(name, r)] += kept_gold(scores, state, r, eligible, per_row, doc, tok, gold,
+                                                 groups if name.endswith("/sentence") else None)
         for k in hits:
             if k[0] not in unsupported:
                 hits[k].append(kept[k] / gold_total)

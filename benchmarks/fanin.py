@@ -1,6 +1,6 @@
 """End-to-end fan-in (3 senders): text at CacheBack 8×'s message size vs full KV vs CacheBack 4–32×.
 
-    python benchmarks/fanin.py [--model qwen2.5-0.5b] [--task facts] [--n 12] [--filter length_bucket=500]
+    python benchmarks/fanin.py [--model qwen2.5-coder-0.5b] [--task facts] [--n 12] [--filter length_bucket=500]
 
 Runs the protocols through the bench runner (records under runs/fanin_<task>_<model>/, re-running
 resumes), writes the run report and adds: bytes on the wire (full KV vs CacheBack rows vs CacheBack
@@ -30,7 +30,7 @@ def cacheback(r: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="qwen2.5-0.5b")
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--task", default="facts")
     ap.add_argument("--n", type=int, default=12)
     ap.add_argument("--seed", type=int, default=0)

@@ -1,7 +1,7 @@
 """Fit the latent map of cross-model CacheBack ("spans+latent") for one ordered pair of models, in one command.
 
-    python benchmarks/fit_latent_map.py --sender qwen2.5-0.5b --receiver smollm2-135m --n-texts 60 \
-        --out runs/latent_maps/qwen2.5-0.5b_smollm2-135m
+    python benchmarks/fit_latent_map.py --sender qwen2.5-coder-0.5b --receiver smollm2-135m --n-texts 60 \
+        --out runs/latent_maps/qwen2.5-coder-0.5b_smollm2-135m
 
 Texts: sender contexts of freshly generated `facts` episodes (seed 1 by default: the committed benchmark
 episodes are seed 0, so the map never sees an evaluation document), each wrapped as a sender reads it

@@ -1,6 +1,6 @@
 """GPU smoke run: the device tests on CUDA, then fan-in on Qwen in bf16 on the GPU. One short script.
 
-    make install && .venv/bin/python benchmarks/gpu_smoke.py [--device cuda] [--n 12] [--model qwen2.5-0.5b]
+    make install && .venv/bin/python benchmarks/gpu_smoke.py [--device cuda] [--n 12] [--model qwen2.5-coder-0.5b]
 
 1. The fast tests that matter for devices, with the tiny models on the GPU
    (LATENTWIRE_TEST_DEVICE=cuda): tests/unit/test_device_clean.py (meta default device, every verb,
@@ -45,7 +45,7 @@ def device_tests(device: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--model", default="qwen2.5-0.5b")
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--n", type=int, default=12)
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()

@@ -45,7 +45,7 @@ def main() -> None:
              f"Command: `{cmd}`", "", "| mode | G | accuracy | median TTEOA s | message MB |", "|---|---:|---:|---:|---:|"]
     lines += [f"| {r['mode']} | {r['G']} | {r['accuracy']:.2f} | {r['tteoa_s']} | {r['message_MB']} |" for r in rows]
     lines += ["", "Answers per cell are in the JSON file next to this one. Three episodes: a smoke-scale",
-              "measurement, not a benchmark result (issue 3 brings the task suite)."]
+              "measurement, not a benchmark result (see benchmarks/evidence_recall.py and latent_vs_text.py)."]
     stem.with_name(stem.name + ".md").write_text("\n".join(lines) + "\n")
     print(f"wrote {stem}.md")
 

@@ -82,14 +82,24 @@ def main() -> None:
         folder = args.out / f"{cell}_{args.model}"
         folder.mkdir(parents=True, exist_ok=True)
         task = folder / "episodes.jsonl"
-        if not task.exists():
-            write_episodes(task, cell_episodes(cell, args.n, args.seed))
+        ensure_episodes(task, cell_episodes(cell, args.n, args.seed))
         print(f"== {cell}: {args.n} episodes, {len(PROTOCOLS[args.protocols])} protocols -> {folder}", flush=True)
         run(RunConfig(os.path.relpath(task), ",".join(PROTOCOLS[args.protocols]), args.model, dtype=args.dtype),
             folder)
         write_report(folder)
         (folder / "command.txt").write_text(cmd + "\n")
     write_index(args.out)
+
+
+def ensure_episodes(task: Path, episodes: list) -> None:
+    """Write the cell's episodes; a larger --n extends an existing file (the generators are prefix-stable, so
+    the episodes already run keep their records), a smaller one keeps the file as it is."""
+    have = task.read_text(encoding="utf-8").splitlines() if task.exists() else []
+    want = [e.to_json() for e in episodes]
+    if [json.loads(x) for x in have[:len(want)]] != [json.loads(x) for x in want[:len(have)]]:
+        sys.exit(f"{task} holds other episodes than this cell's generator gives; use a new --out")
+    if len(want) > len(have):
+        write_episodes(task, episodes)
 
 
 def write_index(out: Path) -> None:

@@ -1,6 +1,6 @@
 """Merge renders on real thinker states: byte-identity under every input order, and render cost.
 
-    python benchmarks/merge_render.py [--models smollm2-135m,qwen2.5-0.5b,gemma3-270m] [--seed 0]
+    python benchmarks/merge_render.py [--models smollm2-135m,qwen2.5-coder-0.5b,gemma3-270m] [--seed 0]
                                       [--tokens 120] [--think-steps 4] [--max-n 5]
 
 For each bundled model, `--max-n` thinkers each read one document of a generated `facts` episode (~`--tokens`
@@ -71,7 +71,7 @@ def orders(fragments: list[Fragment]) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="smollm2-135m,qwen2.5-0.5b,gemma3-270m")
+    ap.add_argument("--models", default="smollm2-135m,qwen2.5-coder-0.5b,gemma3-270m")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tokens", type=int, default=120, help="approximate tokens per thinker document")
     ap.add_argument("--think-steps", type=int, default=4, help="latent steps each thinker runs")

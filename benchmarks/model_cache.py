@@ -1,6 +1,6 @@
 """GGUF dequantisation load vs cached-safetensors load, for each bundled model.
 
-    python benchmarks/model_cache.py [--models smollm2-135m,gemma3-270m,qwen2.5-0.5b] [--repeats 2]
+    python benchmarks/model_cache.py [--models smollm2-135m,gemma3-270m,qwen2.5-coder-0.5b] [--repeats 2]
 
 Prints a table and writes docs/results/model_cache.{md,json}.
 """

@@ -1,4 +1,5 @@
-"""Partitioned reasoning (SPEC §2): does CanonicalMerge track the best BagMerge order without knowing it?
+"""Partitioned reasoning (docs/methods.md#merge-protocol): does CanonicalMerge track the best BagMerge
+order without knowing it?
 
     python benchmarks/partitioned_reasoning.py [--model smollm2-135m] [--n 20] [--steps 0,10,40]
 

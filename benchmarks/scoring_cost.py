@@ -1,6 +1,6 @@
 """What CacheBack's scoring + selection costs the sender, against its read, as the document grows.
 
-    python benchmarks/scoring_cost.py [--models smollm2-135m,qwen2.5-0.5b] [--dtypes float32,bfloat16]
+    python benchmarks/scoring_cost.py [--models smollm2-135m,qwen2.5-coder-0.5b] [--dtypes float32,bfloat16]
                                       [--tokens 500,1000,2000,4000] [--latent-steps 8] [--reps 3]
 
 For one generated `facts` document per size: the sender's read (prefill of SENDER_PROMPT + G latent
@@ -55,7 +55,7 @@ def measure(agent: Agent, tokens: int, reps: int, latent_steps: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="smollm2-135m,qwen2.5-0.5b")
+    ap.add_argument("--models", default="smollm2-135m,qwen2.5-coder-0.5b")
     ap.add_argument("--tokens", default="500,1000,2000,4000")
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--latent-steps", type=int, default=8)

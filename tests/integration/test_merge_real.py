@@ -1,4 +1,5 @@
-"""Real SmolLM2 thinkers: CanonicalMerge is one cache under every arrival order, BagMerge is not (SPEC §2).
+"""Real SmolLM2 thinkers: CanonicalMerge is one cache under every arrival order, BagMerge is not
+(docs/methods.md#canonicalmerge).
 
 N = 2 … 4 thinkers each read one short generated `facts` document (query-blind) and think 2 latent steps.
 Over all N! input orders, CanonicalMerge renders byte-identical caches and the judger's answer over them

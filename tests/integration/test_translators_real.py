@@ -7,6 +7,8 @@ from latentwire.bench.tasks.pairs import pairs
 from latentwire.protocols.pair import get_pair_protocol
 from latentwire.translate import build
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture(scope="module")
 def pair():

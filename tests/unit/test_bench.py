@@ -183,3 +183,65 @@ def test_default_verdict_pairs_and_report_table(tiny_task, tmp_path):
     text = write_report(out, [("fullkv(latent_steps=0, max_new_tokens=2)", "alone(max_new_tokens=2)")]).read_text()
     assert "| `fullkv(latent_steps=0, max_new_tokens=2)` vs `alone(max_new_tokens=2)` | 3 |" in text
     assert "McNemar" in text
+
+
+def test_bad_arguments_leave_no_run_folder(tiny_task, tmp_path):
+    """Model, protocol specs and parameters, task and filters are checked before --out is created."""
+    from latentwire import cli
+
+    out = tmp_path / "run"
+    base = ["bench", "run", "--task", str(tiny_task), "--protocols", "alone", "--out", str(out), "--device", "cpu"]
+    for swap in (["--model", "./no-such-model"], ["--protocols", "fullkv(latent_step=8)"], ["--protocols", "nope"],
+                 ["--task", str(tmp_path / "missing.jsonl")], ["--filter", "hops=9"], ["--n", "0"],
+                 ["--device", "nosuchdevice"]):
+        assert cli.main(base + swap) == 2, swap
+        assert not out.exists(), swap
+
+
+def test_run_failing_before_its_first_record_leaves_nothing(tiny_task, tmp_path, monkeypatch):
+    import latentwire.bench.runner as runner
+
+    agent = Agent(tiny_model("llama"), tiny_tokenizer(), "llama", context_window=1000)
+    out, cfg = tmp_path / "run", RunConfig(str(tiny_task), "alone(max_new_tokens=1)", "llama")
+
+    def boom(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "run_episode", boom)
+    with pytest.raises(KeyboardInterrupt):
+        run(cfg, out, progress=False, agent=agent)
+    assert not out.exists()
+    monkeypatch.undo()
+    # A folder an older run left with a config but no records is not "another run": it is reused.
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"config": {"model": "typo"}, "environment": {}, "resumed": []}))
+    run(cfg, out, progress=False, agent=agent)
+    assert json.loads((out / "config.json").read_text())["config"]["model"] == "llama"
+
+
+def test_run_prints_every_protocol_parameter(tiny_task, tmp_path, capsys):
+    agent = Agent(tiny_model("llama"), tiny_tokenizer(), "llama", context_window=1000)
+    run(RunConfig(str(tiny_task), "alone(max_new_tokens=1),cacheback(ratio=4, max_new_tokens=1)", "llama", n=1),
+        tmp_path / "run", agent=agent)
+    text = capsys.readouterr().out
+    assert "alone(max_new_tokens=1): alone(max_new_tokens=1)" in text
+    line = next(l for l in text.splitlines() if l.strip().startswith("cacheback("))
+    assert all(k in line for k in ("ratio=4", "latent_steps=40", "selector='cacheback'", "span_mode="))
+
+
+def test_pareto_front_in_the_legend_is_drawn(tiny_task, tmp_path, monkeypatch):
+    """The legend's "Pareto front" entry is a line through the front's points, with markers (one point shows)."""
+    from matplotlib.figure import Figure
+
+    figs, save = [], Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **kw: figs.append(self) or save(self, *a, **kw))
+    agent = Agent(tiny_model("llama"), tiny_tokenizer(), "llama", context_window=1000)
+    out = tmp_path / "run"
+    run(RunConfig(str(tiny_task), "alone(max_new_tokens=2),fullkv(latent_steps=0, max_new_tokens=2)", "llama"), out,
+        progress=False, agent=agent)
+    text = write_report(out).read_text()
+    front = text.split("Pareto front (accuracy vs median TTEOA): ")[1].splitlines()[0].count("`") // 2
+    ax = figs[0].axes[0]
+    handles, labels = ax.get_legend_handles_labels()
+    line = handles[labels.index("Pareto front")]
+    assert len(line.get_xdata()) == front >= 1 and line.get_marker() == "o" and line.get_markersize() > 0

@@ -1,4 +1,4 @@
-"""C2C (SPEC §3 baseline) and the token alignment it needs, on the tiny models.
+"""C2C (docs/methods.md#c2c) and the token alignment it needs, on the tiny models.
 
 Tokenizers: the shared byte-level tiny tokenizer; `merged` = the same vocabulary plus 3 BPE merges
 (" t", "he", " the": ids < TINY_VOCAB, so tiny models can prefill it) under a different template that
@@ -165,10 +165,12 @@ def _perturb(c2c: C2C, seed: int = 0, scale: float = 0.5) -> C2C:
     return c2c
 
 
+@pytest.mark.parametrize("gate", ["static", "input"])
 @pytest.mark.parametrize("pair", PAIRS, ids=lambda p: f"{p[0]}->{p[1]}")
-def test_untrained_c2c_leaves_the_receiver_bit_identical(pair_states, pair):
+def test_untrained_c2c_leaves_the_receiver_bit_identical(pair_states, pair, gate):
     sharer_agent, receiver_agent, s, r, a = pair_states(*pair)
-    c2c = build("c2c", sharer_agent.geometry, receiver_agent.geometry, hidden=32)
+    c2c = build("c2c", sharer_agent.geometry, receiver_agent.geometry, hidden=32, gate=gate)
+    assert (c2c.projectors[0].gate_in is not None) == (gate == "input")
     assert isinstance(c2c, C2C) and 0 < a.num_aligned < len(r)
     out = c2c(s, r, align=a.index, mask=a.mask)
     assert out.geometry == r.geometry and torch.equal(out.positions, r.positions)
@@ -310,3 +312,42 @@ def test_config_parameter_count_and_checkpoint(pair_states, tmp_path):
         x, y = c2c(s, r, align=a), back(s, r, align=a)
     for lx, ly in zip(x.layers, y.layers):
         assert torch.equal(lx.keys, ly.keys) and torch.equal(lx.values, ly.values)
+
+
+def test_input_conditioned_gate(pair_states, tmp_path):
+    """gate="input": at init the gates equal the static ones (the same residuals as a static C2C with the same
+    weights); once its map is trained, the gate depends on the sharer's rows; parameters and checkpoints."""
+    sharer_agent, receiver_agent, s, r, a = pair_states("qwen2", "llama")
+    sg, rg = sharer_agent.geometry, receiver_agent.geometry
+    with pytest.raises(ConfigError, match="gate"):
+        C2CConfig(gate="dynamic")
+    static = _perturb(build("c2c", sg, rg, hidden=16))
+    dynamic = build("c2c", sg, rg, hidden=16, gate="input")
+    missing, unexpected = dynamic.load_state_dict(static.state_dict(), strict=False)
+    assert not unexpected and missing and all(k.endswith("gate_in.weight") for k in missing)
+    with torch.no_grad():
+        x, y = static(s, r, align=a), dynamic(s, r, align=a)
+    for lx, ly in zip(x.layers, y.layers):
+        assert torch.equal(lx.keys, ly.keys) and torch.equal(lx.values, ly.values)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for p in dynamic.projectors:
+            p.gate_in.weight.copy_(torch.randn(p.gate_in.weight.shape, generator=g))
+        y = dynamic(s, r, align=a)
+    assert any(not torch.equal(lx.keys, ly.keys) for lx, ly in zip(x.layers, y.layers))
+    # the gate is a function of the input: the same rows, pooled over fewer of them, give another gate
+    p0, q0 = dynamic.projectors[0], static.projectors[0]
+    g = torch.Generator().manual_seed(3)
+    ks, vs, kr, vr = (torch.randn(5, n.normalized_shape[0], generator=g) for n in p0.norms)
+    first_two = torch.tensor([True, True, False, False, False])
+    with torch.no_grad():
+        assert not torch.allclose(p0(ks, vs, kr, vr)[0], p0(ks, vs, kr, vr, rows=first_two)[0])
+        assert torch.equal(q0(ks, vs, kr, vr)[0], q0(ks, vs, kr, vr, rows=first_two)[0])  # static: no input
+    assert dynamic.num_parameters == C2C.parameter_count(sg, rg, 16, gate="input") == \
+        static.num_parameters + rg.num_layers * 4 * rg.num_kv_heads * sg.num_kv_heads * sg.head_dim
+    back = load(dynamic.save(tmp_path / "c2c"))
+    assert back.config == C2CConfig(hidden=16, gate="input")
+    with torch.no_grad():
+        z = back(s, r, align=a)
+    for ly, lz in zip(y.layers, z.layers):
+        assert torch.equal(ly.keys, lz.keys) and torch.equal(ly.values, lz.values)

@@ -273,7 +273,9 @@ def test_fitted_map_round_trips_and_names_its_pair(fitted, tmp_path):
     again = LatentMap.load(folder, device="cpu", expect=(fitted.sender, fitted.receiver))
     assert torch.equal(again.weight, fitted.weight) and torch.equal(again.bias, fitted.bias)
     lat = torch.randn(3, 64, generator=torch.Generator().manual_seed(2))
-    assert again.apply(lat).shape == (3, 64) and torch.equal(again.apply(lat), fitted.apply(lat))
+    assert again.apply(lat).shape == (3, 64)
+    # weights are bit-equal (above); the matmul may take another kernel for a loaded (non-shared) buffer
+    torch.testing.assert_close(again.apply(lat), fitted.apply(lat), rtol=1e-6, atol=1e-6)
     with pytest.raises(StateFormatError, match="no latent map"):
         LatentMap.load(tmp_path / "nowhere")
     with pytest.raises(StateFormatError, match="weight"):

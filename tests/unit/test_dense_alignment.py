@@ -1,4 +1,5 @@
-"""Dense latent alignment (SPEC §4): sharer rows -> compact receiver-geometry K/V, on the tiny models."""
+"""Dense latent alignment (docs/methods.md#dense-alignment): sharer rows -> compact receiver-geometry K/V,
+on the tiny models."""
 from __future__ import annotations
 
 import dataclasses
@@ -77,7 +78,8 @@ def test_translation_does_not_depend_on_the_sharer_positions(sharer, receiver, d
 
 
 def _reference_layer(tr: DenseAlignment, sharer: KVState, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Receiver layer i computed by hand, step by step as SPEC §4 says (keys at positions 0..T-1)."""
+    """Receiver layer i computed by hand, step by step as docs/methods.md#dense-alignment says (keys at
+    positions 0..T-1)."""
     gs, gr = sharer.geometry, tr.receiver
     T, H, D, G = len(sharer), gr.num_kv_heads, gr.head_dim, tr.groups
     mix_k = mix_v = 0

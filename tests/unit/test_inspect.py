@@ -21,3 +21,23 @@ def test_inspect_page_has_one_column_per_selector_and_the_gold_evidence():
     page = inspect_episode(agent, ep, ["cacheback", "streaming_llm"], ratio=4, latent_steps=1)
     assert page.count("<div class=doc>") == 2 and "<b>cacheback</b>" in page and "<b>streaming_llm</b>" in page
     assert "<u>" in page and "background:rgba(255,170,0," in page
+
+
+def test_inspect_page_explains_rows_budget_and_compression():
+    import re
+
+    torch.set_num_threads(1)
+    agent = Agent(tiny_model("llama"), tiny_tokenizer(), "llama")
+    doc = "Filler words here. The code is 7341. More filler follows now."
+    ep = Episode("e", "t", "fanin", "What is the code?", ["7341"], (doc,), (Span(0, 19, 36),))
+    page = inspect_episode(agent, ep, ["cacheback"], ratio=4, latent_steps=2)
+    assert "Compression = the document&#x27;s rows ÷ the document rows sent" in page
+    T, prompt, n_doc, budget = map(int, re.search(
+        r"T = (\d+) rows \((\d+) prompt, (\d+) of them document, \+ 2 latent\); budget B = ceil\(\d+ / 4\) = (\d+)",
+        page).groups())
+    assert T == prompt + 2 and budget == -(-T // 4)
+    sent, d, first, lat, comp, total, d2 = re.search(
+        r"(\d+) rows sent = (\d+) document \+ (\d+) first \+ (\d+) latent · compression ([\d.]+)× \((\d+) ÷ (\d+)",
+        page).groups()
+    assert int(sent) == int(d) + int(first) + int(lat) and (int(first), int(lat)) == (1, 2) and int(d) <= budget
+    assert int(total) == n_doc and d2 == d and float(comp) == round(n_doc / int(d), 2) < 4

@@ -241,6 +241,23 @@ def test_canonical_layer_is_validated(pool):
         assert len({CanonicalMerge(layer=layer).render(p).digest() for p in itertools.permutations(pool[:3])}) == 1
 
 
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_canonical_directions_are_both_order_free_and_differ(pool, n):
+    frags = pool[:n]
+    up, down = CanonicalMerge(), CanonicalMerge(direction="descending")
+    assert up.direction == "ascending"  # the default: today's order
+    digests = {d: {r.render([frags[i] for i in perm]).digest() for perm in itertools.permutations(range(n))}
+               for d, r in (("ascending", up), ("descending", down))}
+    assert len(digests["ascending"]) == len(digests["descending"]) == 1  # each byte-identical under permutation
+    assert digests["ascending"] != digests["descending"]
+    assert down.order(frags) == up.order(frags)[::-1]
+    keys = [down.key(f) for f in down.order(frags)]
+    assert keys == sorted(keys, reverse=True)
+    with pytest.raises(ConfigError, match="direction"):
+        CanonicalMerge(direction="up")
+    assert get_render("canonical", direction="descending") == down
+
+
 def test_bag_merge_validates_order(pool):
     for bad in ((0, 0), (1, 2), (0, 1.0), (-1, 0)):
         with pytest.raises(ValueError, match="order"):

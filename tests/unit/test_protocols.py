@@ -118,3 +118,49 @@ def test_alone_sends_nothing(agents):
     out = get_protocol("alone", max_new_tokens=2).run([], [], agents[2], QUESTION)
     assert out.message_bytes == 0 and out.sender_seconds == ()
     assert agents[2].calls[-1].rows_in == len(agents[2].chat_ids(QUESTION))
+
+
+@pytest.mark.parametrize("name, params, keys", [
+    ("fullkv", {"latent_steps": 2}, {"sender_rows", "latent_rows", "prompt", "max_new_tokens"}),
+    ("cacheback", {"ratio": 4, "latent_steps": 2}, {"budget_rows", "first_rows", "latent_rows", "prompt",
+                                                     "max_new_tokens"}),
+])
+def test_receiver_overflow_is_raised_before_any_sender_reads(models, tokenizer, monkeypatch, name, params, keys):
+    from latentwire.errors import ContextOverflowError
+
+    senders = [Agent(models["llama"], tokenizer, model_name="llama") for _ in range(2)]
+    receiver = Agent(models["llama"], tokenizer, model_name="llama", context_window=64)
+    reads = []
+    monkeypatch.setattr(Agent, "prefill", lambda self, *a, **kw: reads.append(self) or pytest.fail("a sender read"))
+    with pytest.raises(ContextOverflowError) as e:
+        get_protocol(name, **params).run(senders, DOCS, receiver, QUESTION)
+    assert reads == [] and e.value.window == 64 and set(e.value.breakdown) == keys
+    assert e.value.needed == sum(e.value.breakdown.values()) > 64
+    assert e.value.breakdown["latent_rows"] == 2 * 2
+
+
+def test_sender_overflow_is_raised_before_any_sender_reads(models, tokenizer, monkeypatch):
+    from latentwire.errors import ContextOverflowError
+
+    senders = [Agent(models["llama"], tokenizer, model_name="llama", context_window=w) for w in (1000, 20)]
+    receiver = Agent(models["llama"], tokenizer, model_name="llama")
+    monkeypatch.setattr(Agent, "prefill", lambda self, *a, **kw: pytest.fail("a sender read"))
+    for name in ("fullkv", "cacheback"):
+        with pytest.raises(ContextOverflowError, match="sender 1 prompt"):
+            get_protocol(name, latent_steps=1).run(senders, DOCS, receiver, QUESTION)
+
+
+@pytest.mark.parametrize("ratio", [1, 4])
+def test_window_check_bounds_the_message(agents, ratio):
+    """The pre-check's message size is never below what CacheBack then sends; full KV's is exact."""
+    from latentwire.errors import ContextOverflowError
+
+    *senders, receiver = agents
+    for proto in (get_protocol("cacheback", ratio=ratio, latent_steps=2, max_new_tokens=1),
+                  get_protocol("fullkv", latent_steps=2, max_new_tokens=1)):
+        sent = proto.run(senders, DOCS, receiver, QUESTION).details["message_rows"]
+        small = Agent(receiver.model, receiver.tokenizer, "llama", context_window=1)
+        with pytest.raises(ContextOverflowError) as e:
+            proto.check_window(senders, DOCS, small, QUESTION)
+        bound = e.value.needed - e.value.breakdown["prompt"] - e.value.breakdown["max_new_tokens"]
+        assert sent <= bound and (proto.name == "cacheback" or sent == bound)

@@ -1,4 +1,4 @@
-"""Transports (issue 7 items 3-4): in-process and Ray give the same positions, answers and merge digests as
+"""Transports: in-process and Ray give the same positions, answers and merge digests as
 the protocols' own `run`; messages between Ray actors are signed wire bytes; replicas converge by
 anti-entropy; a node killed mid-run is either skipped or reported as NodeLostError, and no surviving
 replica loses a fragment.
@@ -19,7 +19,7 @@ from latentwire.protocols import get_protocol
 from latentwire.transport import (AgentSpec, InProcessTransport, Node, NodeConfig, NodeLostError, anti_entropy,
                                   get_transport, key_id, run_protocol)
 from latentwire.transport.replication import digests, replica_digests
-from latentwire.transport.run import merge_think, rows_answer, sleep_step
+from latentwire.transport.run import fanin_answer, merge_think, sleep_step
 from latentwire.wire import SignatureError, WireFormatError, generate_key
 
 ARCH = "gemma3"
@@ -140,15 +140,15 @@ def test_receiver_rejects_untrusted_unsigned_and_garbled_messages(tokenizer):
     for node, error in ((outsider, SignatureError), (unsigned, SignatureError)):
         packed, _ = cacheback_send(node, spec, DOCS[0], QUESTION)
         with pytest.raises(error):
-            t.run("r", rows_answer, spec, QUESTION, packed)
+            t.run("r", fanin_answer, spec, QUESTION, packed)
     with pytest.raises(WireFormatError):
-        t.run("r", rows_answer, spec, QUESTION, b"\x00" * 40)
+        t.run("r", fanin_answer, spec, QUESTION, b"\x00" * 40)
     packed = t.get(t.submit("a", cacheback_send, spec, DOCS[0], QUESTION, n_out=2)[0])
     tampered = bytearray(packed)
     tampered[-1] ^= 1
     with pytest.raises((WireFormatError, SignatureError)):
-        t.run("r", rows_answer, spec, QUESTION, bytes(tampered))
-    assert t.run("r", rows_answer, spec, QUESTION, packed)["signed_by"] == [key_id(t.public_keys()["a"])]
+        t.run("r", fanin_answer, spec, QUESTION, bytes(tampered))
+    assert t.run("r", fanin_answer, spec, QUESTION, packed)["signed_by"] == [key_id(t.public_keys()["a"])]
 
 
 def test_configuration_errors(zero_copy):
@@ -206,13 +206,13 @@ def test_ray_matches_inprocess(ray_t, zero_copy, reference, key):
 def test_ray_typed_errors_cross_the_process_boundary(ray_t):
     spec = ("cacheback", PROTOCOLS["cacheback"][1])
     with pytest.raises(WireFormatError):
-        ray_t.run(RECEIVER, rows_answer, spec, QUESTION, ray_t.send(b"\x00" * 40))
+        ray_t.run(RECEIVER, fanin_answer, spec, QUESTION, ray_t.send(b"\x00" * 40))
     outsider = Node("x", AgentSpec.tiny(ARCH), NodeConfig(wire=True, sign=True))
     from latentwire.transport.run import cacheback_send
 
     packed, _ = cacheback_send(outsider, spec, DOCS[0], QUESTION)
     with pytest.raises(SignatureError):
-        ray_t.run(RECEIVER, rows_answer, spec, QUESTION, ray_t.send(packed))
+        ray_t.run(RECEIVER, fanin_answer, spec, QUESTION, ray_t.send(packed))
 
 
 def test_ray_kill_mid_run(ray_t, zero_copy, reference):

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from latentwire import cli
-from latentwire.errors import ModelNotFoundError, ModelNotInstalledError, UnknownNameError
+from latentwire.errors import ModelFileError, ModelNotFoundError, ModelNotInstalledError, UnknownNameError
 from latentwire.models import ZOO, get_zoo_model, load, load_gguf
 from latentwire.models import zoo
 
@@ -84,3 +84,84 @@ def test_models_command_lists_geometry(capsys, monkeypatch, tmp_path):
 def test_cli_reports_typed_errors(capsys):
     assert cli.main(["demo", "--model", "no-such-model"]) == 2
     assert "ModelNotFoundError" in capsys.readouterr().err
+
+
+def test_old_qwen_name_is_a_warning_alias_of_the_coder_model(monkeypatch):
+    """`qwen2.5-0.5b` was always Qwen2.5-Coder-0.5B-Instruct: the honest name is canonical, the old one still
+    resolves to the same entry and cache folder (no rebuild) and warns once per process, naming the new one."""
+    import warnings
+
+    monkeypatch.setattr(zoo, "_WARNED", set())
+    assert "qwen2.5-coder-0.5b" in list(ZOO) and "qwen2.5-0.5b" not in list(ZOO)  # listings: canonical names
+    new = ZOO["qwen2.5-coder-0.5b"]
+    assert new.aliases == ("qwen2.5-0.5b",) and "Coder" in new.note
+    assert new.cache_dir.name == "qwen2.5-0.5b"  # the existing cache keeps working
+    with pytest.warns(FutureWarning, match="'qwen2.5-0.5b' is deprecated, use 'qwen2.5-coder-0.5b'"):
+        assert get_zoo_model("qwen2.5-0.5b") is new
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per process: later look-ups are silent
+        assert ZOO["qwen2.5-0.5b"] is new and "qwen2.5-0.5b" in ZOO and get_zoo_model("qwen2.5-coder-0.5b") is new
+
+
+def _fake_model(tmp_path, monkeypatch, parts: dict[str, bytes], pins: dict[str, str] | None = None):
+    """A ZooModel whose GGUF (parts concatenated, or a single file) lies in fake packages on sys.path."""
+    import hashlib
+
+    for module, data in parts.items():
+        (tmp_path / "site" / module / "data").mkdir(parents=True)
+        (tmp_path / "site" / module / "__init__.py").write_text("raise RuntimeError('never run')\n")
+        (tmp_path / "site" / module / "data" / "model.bin").write_bytes(data)
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    pins = pins or {m: hashlib.sha256(d).hexdigest() for m, d in parts.items()}
+    files = tuple(zoo.ModelFile(f"{m.replace('_', '-')}==1.0", m, "data/model.bin", len(d), pins[m])
+                  for m, d in parts.items())
+    whole = hashlib.sha256(b"".join(parts.values())).hexdigest()
+    return zoo.ZooModel("fake", "llama", 1, 1, 4, 4, "pip install " + " ".join(f.dist for f in files),
+                        tuple(parts), files, "fake.gguf", whole)
+
+
+def test_model_files_are_checked_against_the_pinned_sha256(tmp_path, monkeypatch):
+    import hashlib
+    import pickle
+
+    good = hashlib.sha256(b"part one").hexdigest()
+    single = _fake_model(tmp_path / "a", monkeypatch, {"lwfake_single": b"part one"})
+    path = single.gguf(tmp_path)  # right hash: the shipped file itself, used in place
+    assert path.read_bytes() == b"part one" and path.parent.name == "data"
+
+    parts = _fake_model(tmp_path / "b", monkeypatch, {"lwfake_p1": b"part one", "lwfake_p2": b"part two"})
+    (tmp_path / "work").mkdir()
+    assert parts.gguf(tmp_path / "work").read_bytes() == b"part onepart two"  # assembled, every part checked
+
+    bad = _fake_model(tmp_path / "c", monkeypatch, {"lwfake_q1": b"part one", "lwfake_q2": b"tampered"},
+                      pins={"lwfake_q1": good, "lwfake_q2": hashlib.sha256(b"part two").hexdigest()})
+    with pytest.raises(ModelFileError) as e:
+        bad.gguf(tmp_path / "work")
+    msg = str(e.value)
+    assert "lwfake-q2==1.0" in msg and "lwfake_q2" in msg and "model.bin" in msg  # the package and the file
+    assert hashlib.sha256(b"part two").hexdigest() in msg and hashlib.sha256(b"tampered").hexdigest() in msg
+    assert "--force-reinstall" in msg and isinstance(e.value, ModelNotInstalledError)
+    assert str(pickle.loads(pickle.dumps(e.value))) == msg
+
+    wrong = _fake_model(tmp_path / "d", monkeypatch, {"lwfake_w": b"part one"}, pins={"lwfake_w": "0" * 64})
+    with pytest.raises(ModelFileError, match="lwfake-w==1.0.*0{64}"):
+        wrong.gguf(tmp_path / "work")
+
+
+def test_every_bundled_file_has_a_sha256_pin():
+    for m in ZOO.values():
+        assert m.files and all(len(f.sha256) == 64 and f.size > 0 and f.module in m.modules for f in m.files)
+        assert len(m.gguf_sha256) == 64
+
+
+def test_cache_marker_records_the_gguf_hash(tmp_path, monkeypatch):
+    monkeypatch.setenv("LATENTWIRE_CACHE", str(tmp_path))
+    entry = ZOO["smollm2-135m"]
+    entry.cache_dir.mkdir(parents=True)
+    marker = entry.cache_dir / zoo._MARKER
+    marker.write_text(json.dumps({"version": zoo._CACHE_VERSION}))
+    assert entry.cached  # a cache built before hashes were recorded stays valid
+    marker.write_text(json.dumps({"version": zoo._CACHE_VERSION, "gguf_sha256": entry.gguf_sha256}))
+    assert entry.cached
+    marker.write_text(json.dumps({"version": zoo._CACHE_VERSION, "gguf_sha256": "0" * 64}))
+    assert not entry.cached  # built from another file: rebuilt

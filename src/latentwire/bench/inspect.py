@@ -56,13 +56,29 @@ def _render(doc: str, marks: list[float], gold: list[bool]) -> str:
     return "".join(out)
 
 
+EXPLAIN = ("Rows: a sender's T rows are its prompt (template + document) and its G latent rows. It sends at most "
+           "B = ceil(T / ratio) document rows (the budget), plus its first row and its G latent rows, which are "
+           "always sent: rows sent = document rows + first + latent. Compression = the document's rows ÷ the "
+           "document rows sent (as `bench report` records it); it is below the ratio because B is taken over all "
+           "T rows, template and latent rows included, while only document rows fill it.")
+
+
+def sent_summary(state, rows: torch.Tensor, eligible: torch.Tensor) -> str:
+    """"31 rows sent = 22 document + 1 first + 8 latent · compression 5.55× (122 ÷ 22 document rows)"."""
+    n_lat, n_doc = int(state.is_latent[rows].sum()), int(eligible[rows].sum())
+    other, total = len(rows) - n_lat - n_doc, int(eligible.sum())
+    return (f"{len(rows)} rows sent = {n_doc} document + {other} first + {n_lat} latent · compression "
+            f"{total / max(1, n_doc):.2f}× ({total} ÷ {n_doc} document rows)")
+
+
 def inspect_episode(agent: Agent, ep: Episode, selectors: list[str], ratio: float, latent_steps: int) -> str:
     reader = CacheBack(latent_steps=latent_steps)
     cols = len(selectors)
     parts = [f"<!doctype html><meta charset=utf-8><title>{html.escape(ep.id)}</title><style>{_STYLE}</style>",
              f"<h2>{html.escape(ep.id)}: {html.escape(ep.question)}</h2>",
              f"<p class=meta>gold: {html.escape(str(ep.answers))} · model {agent.model_name} · ratio {ratio}× · "
-             f"G = {latent_steps} · highlight = kept (darker = higher score), underline = gold evidence</p>"]
+             f"G = {latent_steps} · highlight = kept (darker = higher score), underline = gold evidence</p>",
+             f"<p class=meta>{html.escape(EXPLAIN)}</p>"]
     for a, doc in enumerate(ep.contexts):
         gold = [False] * len(doc)
         for s in ep.evidence:
@@ -70,7 +86,9 @@ def inspect_episode(agent: Agent, ep: Episode, selectors: list[str], ratio: floa
                 gold[s.start:s.end] = [True] * (s.end - s.start)
         state = reader.read(agent, doc)
         per_row, eligible = document_rows(agent, doc, len(state))
-        parts.append(f"<h3>sender {a} ({len(state)} rows, budget {fanin_budget(len(state), ratio)})</h3>"
+        T, n_doc, budget = len(state), int(eligible.sum()), fanin_budget(len(state), ratio)
+        parts.append(f"<h3>sender {a}: T = {T} rows ({T - latent_steps} prompt, {n_doc} of them document, + "
+                     f"{latent_steps} latent); budget B = ceil({T} / {ratio:g}) = {budget} document rows</h3>"
                      f"<div class=grid style='grid-template-columns:repeat({cols},1fr)'>")
         for name in selectors:  # SELECTOR[+CALIBRATION][/sentence], see CacheBack.variant
             proto = CacheBack.variant(name, ratio=ratio, latent_steps=latent_steps)
@@ -78,7 +96,8 @@ def inspect_episode(agent: Agent, ep: Episode, selectors: list[str], ratio: floa
             rows = select_rows(scores, fanin_budget(len(state), ratio), always_kept(state), proto.span, eligible,
                                proto.span_groups(per_row, doc))
             body = _render(doc, _char_marks(doc, rows, scores, per_row), gold)
-            parts.append(f"<div><b>{html.escape(name)}</b> <span class=meta>{len(rows)} rows</span>"
+            summary = html.escape(sent_summary(state, rows, eligible))
+            parts.append(f"<div><b>{html.escape(name)}</b> <span class=meta>{summary}</span>"
                          f"<div class=doc>{body}</div></div>")
         parts.append("</div>")
     return "\n".join(parts)

@@ -18,7 +18,8 @@ from ..errors import ConfigError, LatentWireError
 from ..protocols.base import Outcome
 from ..protocols.pair import PairProtocol, get_pair_protocol
 from .metrics import answer_scores
-from .runner import _memory, check_resume, finished, parse_protocols, placement_record, write_config
+from .runner import (_memory, check_resume, describe_protocols, finished, parse_protocols, placement_record, run_folder,
+                     write_config)
 from .tasks.pairs import Pair, pairs
 
 RECORDS, CONFIG = "records.jsonl", "config.json"
@@ -30,8 +31,9 @@ def run_pairs(sharer_name: str, receiver_name: str, task: str, protocols: str, n
               progress: bool = True, device: str | None = None, dtype: str | None = None) -> Path:
     """Run every protocol of `protocols` ("alone,translated(checkpoint='...')") on `n` pairs; returns out_dir.
 
-    Protocols are parsed and built (checkpoints read) before any model loads, so a bad spec fails fast.
-    `sharer` / `receiver` override loading the named models (tests pass tiny agents)."""
+    Protocols are parsed and built (checkpoints read) before any model loads, so a bad spec fails fast; the
+    models load before `out_dir` is created, and a run that fails before its first record leaves nothing
+    behind. `sharer` / `receiver` override loading the named models (tests pass tiny agents)."""
     from tqdm import tqdm
 
     if n < 1:
@@ -45,21 +47,23 @@ def run_pairs(sharer_name: str, receiver_name: str, task: str, protocols: str, n
               "protocols": {label: {"name": name, "params": params} for label, (name, params) in specs.items()}}
     config |= placement_record(device, dtype, receiver)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     cfg_path, rec_path = out_dir / CONFIG, out_dir / RECORDS
-    write_config(cfg_path, check_resume(cfg_path, config, _KEYS), config, {"pairs": [p.id for p in todo_pairs]})
+    first = check_resume(cfg_path, config, _KEYS, rec_path)
     done = finished(rec_path, "pair")
-    if all((p.id, label) in done for label in built for p in todo_pairs):
-        return out_dir
-    load = lambda name: Agent.from_pretrained(name, device=config["device"], dtype=config["dtype"])  # noqa: E731
-    sharer = sharer or load(sharer_name)
-    receiver = receiver or (sharer if receiver_name == sharer_name else load(receiver_name))
-    with rec_path.open("a", encoding="utf-8") as f:
-        for label, protocol in built.items():
-            todo = [p for p in todo_pairs if (p.id, label) not in done]
-            for pair in tqdm(todo, desc=f"{label[:24]:>24}", disable=not progress):
-                f.write(json.dumps(run_pair(protocol, label, pair, sharer, receiver), ensure_ascii=False) + "\n")
-                f.flush()
+    if not all((p.id, label) in done for label in built for p in todo_pairs):  # models load before anything is written
+        load = lambda name: Agent.from_pretrained(name, device=config["device"], dtype=config["dtype"])  # noqa: E731
+        sharer = sharer or load(sharer_name)
+        receiver = receiver or (sharer if receiver_name == sharer_name else load(receiver_name))
+    if progress:
+        print(describe_protocols(built), flush=True)
+    with run_folder(out_dir, cfg_path, rec_path):
+        write_config(cfg_path, first, config, {"pairs": [p.id for p in todo_pairs]})
+        with rec_path.open("a", encoding="utf-8") as f:
+            for label, protocol in built.items():
+                todo = [p for p in todo_pairs if (p.id, label) not in done]
+                for pair in tqdm(todo, desc=f"{label[:24]:>24}", disable=not progress):
+                    f.write(json.dumps(run_pair(protocol, label, pair, sharer, receiver), ensure_ascii=False) + "\n")
+                    f.flush()
     return out_dir
 
 

@@ -179,8 +179,9 @@ def write_report(run_dir: str | Path, pairs: list[tuple[str, str]] | None = None
         ax.errorbar(t, q, xerr=[[t - tlo], [thi - t]], yerr=[[q - qlo], [qhi - q]], fmt="o", ms=6, capsize=3,
                     zorder=3)
         ax.annotate(lab, (t, q), textcoords="offset points", xytext=(5, 5), fontsize=7)
-    if front:
-        ax.plot([points[a][0] for a in front], [points[a][1] for a in front], "k--", lw=1, label="Pareto front")
+    if front:  # a staircase through the front's points, each ringed: visible even when one protocol is the front
+        ax.plot([points[a][0] for a in front], [points[a][1] for a in front], "k--", lw=1, drawstyle="steps-post",
+                marker="o", ms=12, mfc="none", mec="k", zorder=2, label="Pareto front")
         ax.legend(fontsize=8)
     ax.set(xscale="log", xlabel="median TTEOA (s, log); bars: 95% CIs", ylabel="accuracy", ylim=(-0.05, 1.05),
            title=f"{task} / {cfg['model']}: accuracy vs time to answer")

@@ -4,7 +4,9 @@
 
 `runs/X/config.json` holds the resolved configuration, package versions, git hash, seed and machine;
 `runs/X/records.jsonl` one record per (episode, protocol). Re-running the same command skips the
-records already written; a different configuration in the same folder is refused.
+records already written; a different configuration in the same folder is refused. Everything (protocols,
+their parameters, the task, the placement, the model) is validated before the folder is created, and a run
+that fails before its first record leaves no folder or config.json behind.
 """
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ import re
 import resource
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Iterator
 
 from ..agent import Agent
 from ..errors import ConfigError, LatentWireError
@@ -109,7 +113,13 @@ def select_episodes(episodes: list[Episode], n: int | None, seed: int, filters: 
 
 
 def load_task_episodes(task: str) -> list[Episode]:
+    """A shipped task by name, or a JSONL task file; a missing file or unknown name names the fix."""
     if task.endswith(".jsonl") or os.sep in task:
+        if not Path(task).is_file():
+            from .tasks import TASKS
+
+            raise ConfigError(f"task file {task!r} does not exist; give a JSONL task file or a shipped task "
+                              f"({', '.join(TASKS)})")
         return load_episodes(task)
     from .tasks import load_task
 
@@ -161,34 +171,84 @@ def _memory() -> dict:
 
 
 def run(config: RunConfig, out_dir: str | Path, progress: bool = True, agent: Agent | None = None) -> Path:
+    """Run (or resume) `config` into `out_dir`. Everything is validated (protocol specs and parameters, task
+    file, placement, model) before `out_dir` is created; a run that fails before its first record leaves
+    nothing behind, so the corrected command starts afresh. `progress`: a progress bar and, first, every
+    protocol's full parameter set."""
     from tqdm import tqdm
 
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if config.n is not None and config.n < 1:
+        raise ConfigError(f"n must be ≥ 1, got {config.n}")
     resolved = config.resolved(agent)
     cfg_path, rec_path = out_dir / "config.json", out_dir / "records.jsonl"
     keys = ("task", "model", "n", "seed", "filters", "device", "dtype")
-    first = check_resume(cfg_path, resolved, keys)
+    first = check_resume(cfg_path, resolved, keys, rec_path)
     protocols = {label: get_protocol(spec["name"], **spec["params"]) for label, spec in resolved["protocols"].items()}
+    if not protocols:
+        raise ConfigError("no protocols given; e.g. --protocols text,fullkv(latent_steps=8)")
     episodes = select_episodes(load_task_episodes(config.task), config.n, config.seed, config.filters)
-    write_config(cfg_path, first, resolved, {"episodes": [e.id for e in episodes]})
+    if not episodes:
+        raise ConfigError(f"no episode of task {config.task!r} matches the filters {config.filters}")
     done = finished(rec_path, "episode")
-    agent = agent or Agent.from_pretrained(config.model, device=resolved["device"], dtype=resolved["dtype"])
     todo = [e for e in episodes if any((e.id, label) not in done for label in protocols)]
-    with rec_path.open("a", encoding="utf-8") as f:
-        # Episode by episode: inside one episode every protocol shares each sender's read (`shared_reads`).
-        for ep in tqdm(todo, desc=f"{len(protocols)} protocols", disable=not progress):
-            with shared_reads():
-                for label, protocol in protocols.items():
-                    if (ep.id, label) not in done:
-                        f.write(json.dumps(run_episode(protocol, label, ep, agent), ensure_ascii=False) + "\n")
-                        f.flush()
+    if todo and agent is None:
+        agent = Agent.from_pretrained(config.model, device=resolved["device"], dtype=resolved["dtype"])
+    if progress:
+        print(describe_protocols(protocols), flush=True)
+    with run_folder(out_dir, cfg_path, rec_path):
+        write_config(cfg_path, first, resolved, {"episodes": [e.id for e in episodes]})
+        with rec_path.open("a", encoding="utf-8") as f:
+            # Episode by episode: inside one episode every protocol shares each sender's read (`shared_reads`).
+            for ep in tqdm(todo, desc=f"{len(protocols)} protocols", disable=not progress):
+                with shared_reads():
+                    for label, protocol in protocols.items():
+                        if (ep.id, label) not in done:
+                            f.write(json.dumps(run_episode(protocol, label, ep, agent), ensure_ascii=False) + "\n")
+                            f.flush()
     return out_dir
 
 
-def check_resume(cfg_path: Path, resolved: dict, keys: tuple[str, ...]) -> dict | None:
-    """The folder's first config record, if any; ConfigError if it ran with other values of `keys`."""
-    first = json.loads(cfg_path.read_text()) if cfg_path.exists() else None
+def protocol_parameters(protocol) -> dict:
+    """Every parameter of a protocol (dataclass fields), defaults included."""
+    return {f.name: getattr(protocol, f.name) for f in fields(protocol) if f.init and not f.name.startswith("_")}
+
+
+def describe_protocols(protocols: dict) -> str:
+    """One line per protocol label: its name and full parameter set, as the run will use them."""
+    lines = ["protocols (every parameter, defaults included):"]
+    for label, p in protocols.items():
+        params = ", ".join(f"{k}={v!r}" for k, v in protocol_parameters(p).items())
+        lines.append(f"  {label}: {p.name}({params})")
+    return "\n".join(lines)
+
+
+@contextmanager
+def run_folder(out_dir: Path, *files: Path) -> Iterator[Path]:
+    """Create `out_dir` for a run. If the run fails before its first record (the last of `files`, the records
+    file, is missing or empty), the files and folder this run created are removed again."""
+    created = [p for p in (out_dir, *files) if not p.exists()]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        yield out_dir
+    except BaseException:
+        records = files[-1] if files else None
+        if records is None or not records.exists() or records.stat().st_size == 0:
+            for p in files:
+                if p in created:
+                    p.unlink(missing_ok=True)
+            if out_dir in created and not any(out_dir.iterdir()):
+                out_dir.rmdir()
+        raise
+
+
+def check_resume(cfg_path: Path, resolved: dict, keys: tuple[str, ...], rec_path: Path | None = None) -> dict | None:
+    """The folder's first config record, if any; ConfigError if it ran with other values of `keys`. A folder
+    whose records file (`rec_path`, default records.jsonl beside the config) is missing or empty holds no run:
+    its config is ignored (and overwritten), so a corrected command can reuse the folder."""
+    rec_path = cfg_path.parent / "records.jsonl" if rec_path is None else rec_path
+    has_records = rec_path.exists() and rec_path.stat().st_size > 0
+    first = json.loads(cfg_path.read_text()) if cfg_path.exists() and has_records else None
     if first and {k: first["config"].get(k) for k in keys} != {k: resolved[k] for k in keys}:
         raise ConfigError(f"{cfg_path.parent} holds a run with another {'/'.join(keys)}; use a new --out")
     return first

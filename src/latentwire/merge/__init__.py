@@ -1,4 +1,4 @@
-"""Order-free merging: content-addressed fragments, the FragmentSet CvRDT, and its renders (SPEC §2)."""
+"""Order-free merging: content-addressed fragments, the FragmentSet CvRDT, and its renders (docs/methods.md#merging)."""
 from .bag_merge import BagMerge  # importing a render registers it
 from .base import RENDERS, Render, get_render
 from .canonical_merge import CanonicalMerge

@@ -1,4 +1,4 @@
-"""Renders turn fragments into one cache a judger answers over (SPEC §2).
+"""Renders turn fragments into one cache a judger answers over (docs/methods.md#merging).
 
 A render is a dataclass (its hyper-parameters are fields, validated in `__post_init__`) with one
 method, `order(fragments) -> list`, a permutation of its input. `render` then concatenates the
@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Iterable, Sequence
 
-from ..errors import UnknownNameError
+from ..registry import Registry
 from ..state import KVState
 from .fragments import Fragment
 
@@ -54,15 +54,11 @@ class Render(ABC):
     __call__ = render
 
 
-RENDERS: dict[str, type[Render]] = {}
-
-
-def register(cls: type[Render]) -> type[Render]:
-    RENDERS[cls.name] = cls
-    return cls
+RENDERS = Registry("render")
+register = RENDERS.register
 
 
 def get_render(name: str, **params) -> Render:
-    if name not in RENDERS:
-        raise UnknownNameError("render", name, RENDERS)
-    return RENDERS[name](**params)
+    """The render `name` ("bag" or "canonical") built from `params`, e.g. `get_render("bag", order=(1, 0))`;
+    an unknown name or parameter raises UnknownNameError / UnknownParameterError listing the valid ones."""
+    return RENDERS.create(name, **params)

@@ -1,4 +1,4 @@
-"""CanonicalMerge: order the caches by content, then concatenate as BagMerge does (SPEC §2)."""
+"""CanonicalMerge: order the caches by content, then concatenate as BagMerge does (docs/methods.md#canonicalmerge)."""
 from __future__ import annotations
 
 import math
@@ -9,11 +9,14 @@ from ..errors import ConfigError
 from .base import Render, register
 from .fragments import Fragment
 
+DIRECTIONS = ("ascending", "descending")
+
 
 @register
 @dataclass
 class CanonicalMerge(Render):
-    """Blocks in ascending order of (mean K-norm at `layer`, digest).
+    """Blocks in ascending order of (mean K-norm at `layer`, digest); `direction="descending"` is the
+    exact reverse of that order (largest norm first, ties: the larger digest first).
 
     Why the render is independent of arrival order: the sort key of a fragment is a function of its
     bytes alone (its own keys at one layer, and its digest), never of its position in the input or
@@ -26,15 +29,20 @@ class CanonicalMerge(Render):
     The key: the L2 norm of every cached key vector (each head, each row the layer holds: a sliding
     layer holds only the state's last rows) at `layer`, in float64, averaged with `math.fsum`
     (correctly rounded, so it does not depend on reduction order or thread count). A layer holding no
-    rows has key 0.0. `layer=None` is the middle layer, num_layers // 2.
+    rows has key 0.0. `layer=None` is the middle layer, num_layers // 2. The direction only reverses
+    that total order, so both directions are independent of arrival order (docs/methods.md,
+    "CanonicalMerge"); it is an ablation of which block lands in the prefix slot.
     """
 
     name = "canonical"
     layer: int | None = None
+    direction: str = "ascending"  # or "descending": the reverse order
 
     def __post_init__(self):
         if self.layer is not None and (type(self.layer) is not int or self.layer < 0):
             raise ConfigError(f"layer must be a non-negative int or None (the middle layer), got {self.layer!r}")
+        if self.direction not in DIRECTIONS:
+            raise ConfigError(f"direction must be one of {DIRECTIONS}, got {self.direction!r}")
 
     def layer_for(self, num_layers: int) -> int:
         layer = num_layers // 2 if self.layer is None else self.layer
@@ -50,4 +58,4 @@ class CanonicalMerge(Render):
         return math.fsum(norms) / len(norms) if norms else 0.0
 
     def order(self, fragments: Sequence[Fragment]) -> list[Fragment]:
-        return sorted(fragments, key=lambda f: (self.key(f), f.digest))
+        return sorted(fragments, key=lambda f: (self.key(f), f.digest), reverse=self.direction == "descending")

@@ -1,4 +1,5 @@
-"""Content-addressed fragments and FragmentSet, the state-based CvRDT of merged latent traces (SPEC §2).
+"""Content-addressed fragments and FragmentSet, the state-based CvRDT of merged latent traces
+(docs/methods.md#fragments).
 
 A fragment is one agent's finished state; its id is the SHA-256 of the state's canonical bytes, so
 two agents that produce the same bytes produce the same fragment. A FragmentSet maps digest ->

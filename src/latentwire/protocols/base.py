@@ -1,7 +1,7 @@
 """A protocol moves what M senders learned from their private documents to one receiver.
 
 One file per protocol; each is a dataclass whose fields are its hyper-parameters (validated in
-`__post_init__`) with one required method, `run`. The registry is the dict below.
+`__post_init__`) with one required method, `run`. `PROTOCOLS` (a `Registry`) holds them by name.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Sequence
 
 from ..agent import Agent
-from ..errors import ConfigError, LatentWireError, UnknownNameError
+from ..registry import Registry
 
 SENDER_PROMPT = "Read this document.\n\n{document}"
 QUESTION_SUFFIX = "\n\nQuestion: {question}"
@@ -38,6 +38,8 @@ class Outcome:
 
 @dataclass
 class Protocol(ABC):
+    """How M senders' documents reach one receiver; subclasses add their parameters as fields. Every protocol
+    has `max_new_tokens` (the receiver's answer length)."""
     name: ClassVar[str]
     max_new_tokens: int = 48  # receiver answer length
 
@@ -62,20 +64,16 @@ def timed(fn, *args, **kw):
     return out, time.perf_counter() - t0
 
 
-PROTOCOLS: dict[str, type[Protocol]] = {}
-
-
-def register(cls: type[Protocol]) -> type[Protocol]:
-    PROTOCOLS[cls.name] = cls
-    return cls
+PROTOCOLS = Registry("protocol")
+register = PROTOCOLS.register
 
 
 def get_protocol(name: str, **params) -> Protocol:
-    if name not in PROTOCOLS:
-        raise UnknownNameError("protocol", name, PROTOCOLS)
-    try:
-        return PROTOCOLS[name](**params)
-    except (TypeError, ValueError) as e:  # unknown field, or a range check in __post_init__
-        if isinstance(e, LatentWireError):
-            raise
-        raise ConfigError(f"protocol {name}: {e}") from e
+    """A protocol by name with its hyper-parameters, ready to `run`:
+
+        get_protocol("cacheback", ratio=8)
+
+    `PROTOCOLS.names()` lists the names. An unknown name raises UnknownNameError listing them, a
+    misspelt parameter UnknownParameterError listing the protocol's fields, a bad value ConfigError.
+    """
+    return PROTOCOLS.create(name, **params)

@@ -1,4 +1,4 @@
-"""CacheBack (SPEC §1): each sender scores its finished state against the receiver's query and sends
+"""CacheBack (docs/methods.md#cacheback): each sender scores its finished state against the receiver's query and sends
 only the best positions, as rows the receiver re-prefills inside its chat template.
 
 Senders are query-blind while they read and think; the query arrives afterwards, so one stored
@@ -15,8 +15,8 @@ from typing import Sequence
 
 import torch
 
-from ..agent import KV_PROMPT, LATENT_MODES, Agent
-from ..errors import TaskFormatError, UnknownNameError
+from ..agent import KV_PROMPT, LATENT_MODES, MESSAGE_PROMPT, Agent
+from ..errors import ContextOverflowError, TaskFormatError, UnknownNameError
 from ..message import Rows
 from ..select import SELECTORS, SPAN, always_kept, fanin_budget, get_selector, select_rows, sentence_groups
 from ..state import KVState
@@ -39,6 +39,8 @@ _FUNCTION_WORDS = frozenset(
 @register
 @dataclass
 class CacheBack(Protocol):
+    """Each sender sends B = ceil(T / ratio) of its best-scoring document rows (plus its first and latent rows)
+    for the receiver to re-prefill; key parameters: `ratio`, `latent_steps`, `selector`, `span_mode`."""
     name = "cacheback"
     ratio: float = 8.0  # compression r: each sender sends B = ceil(T / r) rows beyond the always-kept ones
     latent_steps: int = 40
@@ -176,7 +178,27 @@ class CacheBack(Protocol):
         """The span units `choose` ranks for this document: None (fixed spans) or its sentences and lines."""
         return sentence_groups(per_row, document, 2 * self.span) if self.span_mode == "sentence" else None
 
+    def check_window(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> None:
+        """ContextOverflowError, before any sender reads, unless every sender's state and the largest message
+        the budgets allow fit: per sender min(B, T - 1) document rows + its first row + G latent rows, then the
+        receiver's prompt and answer."""
+        budget = first = latent = 0
+        for i, (sender, doc) in enumerate(self._pair(senders, documents)):
+            prompt = len(sender.chat_ids(self.sender_prompt(doc, question)))
+            if prompt + self.latent_steps > sender.context_window:
+                raise ContextOverflowError(prompt + self.latent_steps, sender.context_window,
+                                           {f"sender {i} prompt": prompt, "latent_steps": self.latent_steps})
+            T = prompt + self.latent_steps
+            budget += min(fanin_budget(T, self.ratio), prompt - 1)
+            first, latent = first + 1, latent + self.latent_steps
+        pre, post = receiver.slot_ids(receiver.chat_text(MESSAGE_PROMPT.format(question=question)))
+        parts = {"budget_rows": budget, "first_rows": first, "latent_rows": latent, "prompt": len(pre) + len(post),
+                 "max_new_tokens": self.max_new_tokens}
+        if sum(parts.values()) > receiver.context_window:
+            raise ContextOverflowError(sum(parts.values()), receiver.context_window, parts)
+
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
+        self.check_window(senders, documents, receiver, question)
         parts, seconds, kept, timing = self.send(senders, documents, question)
         message = Rows.cat(parts)
         nbytes = message.nbytes if self.encoding == "rows" else message.token_id_nbytes

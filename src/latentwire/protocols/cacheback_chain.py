@@ -1,4 +1,4 @@
-"""CacheBack along a chain (SPEC §1.4): hop i re-prefills the rows hop i-1 sent, reads its own new
+"""CacheBack along a chain (docs/methods.md#cacheback-chain): hop i re-prefills the rows hop i-1 sent, reads its own new
 document after them, thinks, scores the whole state against the receiver's query and sends on.
 
 Budgets: relative B_i = T_old + ceil(T_new / r), or fixed B_i = min(B_max, T_old + T_new), where T_old
@@ -30,6 +30,8 @@ Origin = tuple[int, tuple[int, int]] | None  # (document index, character span) 
 @register
 @dataclass
 class CacheBackChain(CacheBack):
+    """CacheBack hop to hop: each hop re-prefills the rows the previous hop sent, reads its own document and
+    sends on selected rows. Key parameters: `budget` ("relative" or "fixed"), `max_rows`, `ratio`, `latent_steps`."""
     name = "cacheback_chain"
     budget: str = "relative"  # "relative" or "fixed"
     max_rows: int = 512  # B_max of the fixed budget

@@ -67,6 +67,8 @@ class MessageOverflowError(ContextOverflowError):
 @register
 @dataclass
 class CacheBackX(CacheBack):
+    """CacheBack to a receiver of another model: the selected rows travel as document text spans (plus mapped
+    latent rows). Key parameters: `delivery`, `latent_map`, and CacheBack's `ratio` and `latent_steps`."""
     name = "cacheback_x"
     delivery: str = "spans"  # "spans" or "spans+latent"
     # "spans+latent": the LatentMap for (sender -> receiver), a folder written by `LatentMap.save` or the map

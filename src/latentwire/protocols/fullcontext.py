@@ -1,6 +1,6 @@
 """Full context: no communication protocol at all — one agent reads every sender's document itself.
 
-The ceiling a protocol is measured against (the "single agent seeing everything" of SPEC §2 and the
+The ceiling a protocol is measured against (the "single agent seeing everything" of the merge experiments and the
 "full context" reference of the CacheBack experiments): the receiver prefills all documents as text,
 in sender order, with the question after them. Nothing is selected, so evidence recall is 1 and the
 "message" is the documents' UTF-8 bytes. Limited by the receiver's window (ContextOverflowError).
@@ -19,6 +19,8 @@ CONTEXT_PROMPT = "Read these documents.\n\n{documents}\n\nQuestion: {question}\n
 @register
 @dataclass
 class FullContext(Protocol):
+    """Sends the documents themselves: the receiver reads every document as text, then the question.
+    Key parameter: `max_new_tokens`."""
     name = "fullcontext"
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:

@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..agent import LATENT_MODES, Agent
-from ..errors import UnknownNameError
+from ..agent import KV_PROMPT, LATENT_MODES, Agent
+from ..errors import ContextOverflowError, UnknownNameError
 from ..state import KVState
 from .base import QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, timed
 from .reads import Read, read
@@ -18,6 +18,8 @@ from .reads import Read, read
 @register
 @dataclass
 class FullKV(Protocol):
+    """Each sender sends its whole finished state (prefill + G latent steps); the receiver answers after the
+    concatenated states. Key parameters: `latent_steps` (G), `latent_mode`, `query_aware`."""
     name = "fullkv"
     latent_steps: int = 40  # G; 0 sends the prefill state alone (logged, still a message)
     latent_mode: str = "rescale"  # "rescale" (CacheBack) or "realign" (LatentMAS W_a)
@@ -32,15 +34,34 @@ class FullKV(Protocol):
 
     def sender_read(self, sender: Agent, document: str, question: str) -> Read:
         """The sender's finished state and its measured read time (shared inside `shared_reads()`)."""
-        prompt = SENDER_PROMPT.format(document=document)
-        if self.query_aware:
-            prompt += QUESTION_SUFFIX.format(question=question)
-        return read(sender, prompt, self.latent_steps, self.latent_mode)
+        return read(sender, self.sender_prompt(document, question), self.latent_steps, self.latent_mode)
 
     def sender_state(self, sender: Agent, document: str, question: str) -> KVState:
         return self.sender_read(sender, document, question).state
 
+    def sender_prompt(self, document: str, question: str) -> str:
+        prompt = SENDER_PROMPT.format(document=document)
+        return prompt + QUESTION_SUFFIX.format(question=question) if self.query_aware else prompt
+
+    def check_window(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> None:
+        """ContextOverflowError, before any sender reads, unless every sender's state and the whole message (each
+        sender's prompt rows + G latent rows) fit, then the receiver's prompt and answer."""
+        rows = 0
+        for i, (sender, doc) in enumerate(self._pair(senders, documents)):
+            prompt = len(sender.chat_ids(self.sender_prompt(doc, question)))
+            if prompt + self.latent_steps > sender.context_window:
+                raise ContextOverflowError(prompt + self.latent_steps, sender.context_window,
+                                           {f"sender {i} prompt": prompt, "latent_steps": self.latent_steps})
+            rows += prompt
+        follow = receiver.tokenizer(receiver.continuation_text(KV_PROMPT.format(question=question)),
+                                    add_special_tokens=False)["input_ids"]
+        parts = {"sender_rows": rows, "latent_rows": len(documents) * self.latent_steps, "prompt": len(follow),
+                 "max_new_tokens": self.max_new_tokens}
+        if sum(parts.values()) > receiver.context_window:
+            raise ContextOverflowError(sum(parts.values()), receiver.context_window, parts)
+
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
+        self.check_window(senders, documents, receiver, question)
         reads = [self.sender_read(sender, doc, question) for sender, doc in self._pair(senders, documents)]
         states, seconds = [r.state for r in reads], [r.seconds for r in reads]
         message, concat_s = timed(KVState.concat, states)  # the receiver places the states (re-rotation)

@@ -24,6 +24,8 @@ from .fullkv import FullKV
 @register
 @dataclass
 class LatentMASSequential(FullKV):
+    """Full KV as one growing cache: each agent reads its document after the previous agent's whole state and
+    the last state goes to the receiver. Key parameters as `fullkv`: `latent_steps`, `latent_mode`, `query_aware`."""
     name = "latentmas_sequential"
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:

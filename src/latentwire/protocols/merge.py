@@ -1,6 +1,6 @@
-"""Merge (SPEC §2): N thinkers each read their part and think; their finished states become content-
-addressed fragments, merged as a set (FragmentSet: a duplicate is absorbed) and rendered into one cache
-the judger answers over.
+"""Merge (docs/methods.md#merge-protocol): N thinkers each read their part and think; their
+finished states become content-addressed fragments, merged as a set (FragmentSet: a duplicate is
+absorbed) and rendered into one cache the judger answers over.
 
 `render="canonical"` orders the blocks by content (CanonicalMerge: the same bytes whatever the order
 the thinkers finish in); `render="bag"` concatenates them in thinker order, or in `order` (a
@@ -26,10 +26,13 @@ from .fullkv import FullKV
 @register
 @dataclass
 class Merge(FullKV):
+    """Sends each thinker's whole finished state as a fragment; the fragments are merged as a set and rendered
+    into one cache. Key parameters: `render` ("canonical" or "bag"), `order`, `dedupe`, `latent_steps`."""
     name = "merge"
     render: str = "canonical"  # "canonical" or "bag"
     order: tuple[int, ...] | None = None  # bag only: thinker index per slot
     layer: int | None = None  # canonical only: the layer whose mean K-norm orders the blocks (None: middle)
+    direction: str = "ascending"  # canonical only: "descending" reverses the K-norm order (an ablation)
     dedupe: bool = True  # identical thinker states render once; False (bag only): once per thinker
 
     def __post_init__(self):
@@ -40,12 +43,14 @@ class Merge(FullKV):
             raise ValueError("order applies to render='bag' only (CanonicalMerge chooses its own order)")
         if self.layer is not None and self.render != "canonical":
             raise ValueError("layer applies to render='canonical' only")
+        if self.direction != "ascending" and self.render != "canonical":
+            raise ValueError("direction applies to render='canonical' only")
         if type(self.dedupe) is not bool:
             raise ValueError(f"dedupe must be True or False, got {self.dedupe!r}")
         if not self.dedupe and self.render != "bag":
             raise ValueError("dedupe=False applies to render='bag' only (CanonicalMerge renders the FragmentSet, "
                              "which absorbs identical states)")
-        params = {"order": self.order} if self.render == "bag" else {"layer": self.layer}
+        params = {"order": self.order} if self.render == "bag" else {"layer": self.layer, "direction": self.direction}
         self._render = get_render(self.render, **params)
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:

@@ -1,6 +1,6 @@
-"""PackLLM (output-level fusion, SPEC §2 baseline): every agent reads its own document with the question;
-their next-token distributions are fused at each step, weighted by how well each agent's context
-explains its prompt.
+"""PackLLM (output-level fusion, a merge baseline: docs/methods.md#packllm): every agent reads its own
+document with the question; their next-token distributions are fused at each step, weighted by how
+well each agent's context explains its prompt.
 
 Weights (PackLLM-sim): λ_i = softmax_i(−log PPL_i / τ), with PPL_i the perplexity of agent i's prompt
 tokens under agent i (`scope="prompt"`, as in the paper), or of the question tokens alone given the
@@ -29,6 +29,8 @@ SCOPES = ("prompt", "question")
 @register
 @dataclass
 class PackLLM(Protocol):
+    """Sends no message: every agent decodes with its own document and their next-token distributions are fused,
+    weighted by perplexity. Key parameters: `tau` (temperature), `scope` ("prompt" or "question")."""
     name = "packllm"
     tau: float = 1.0  # softmax temperature over −log PPL
     scope: str = "prompt"  # perplexity of the whole prompt, or of the question tokens alone

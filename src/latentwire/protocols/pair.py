@@ -1,4 +1,4 @@
-"""Split-evidence pair protocols (issue 6): a sharer holds one document, the receiver the other.
+"""Split-evidence pair protocols (docs/methods.md#translators): a sharer holds one document, the receiver the other.
 
 The receiver answers `question`; neither document alone suffices. Sharer and receiver may be
 different model families (a translator bridges them) or the same model.
@@ -32,7 +32,7 @@ from typing import ClassVar
 import torch
 
 from ..agent import Agent
-from ..errors import ConfigError, LatentWireError, UnknownNameError
+from ..registry import Registry
 from ..translate import load
 from ..translate.base import WEIGHTS, Translator, read_header
 from ..translate.compose import PairStates, compose, needs
@@ -55,6 +55,8 @@ def both_prompt(sharer_doc: str, receiver_doc: str, question: str) -> str:
 
 @dataclass
 class PairProtocol(ABC):
+    """How a sharer's document reaches a receiver (possibly another model) that holds the other document;
+    subclasses add their parameters as fields. Every pair protocol has `max_new_tokens` (the answer length)."""
     name: ClassVar[str]
     max_new_tokens: int = 32  # receiver answer length
 
@@ -70,23 +72,14 @@ class PairProtocol(ABC):
         return receiver.answer(question, message=state, max_new_tokens=self.max_new_tokens)
 
 
-PAIR_PROTOCOLS: dict[str, type[PairProtocol]] = {}
-
-
-def register(cls: type[PairProtocol]) -> type[PairProtocol]:
-    PAIR_PROTOCOLS[cls.name] = cls
-    return cls
+PAIR_PROTOCOLS = Registry("pair protocol")
+register = PAIR_PROTOCOLS.register
 
 
 def get_pair_protocol(name: str, **params) -> PairProtocol:
-    if name not in PAIR_PROTOCOLS:
-        raise UnknownNameError("pair protocol", name, PAIR_PROTOCOLS)
-    try:
-        return PAIR_PROTOCOLS[name](**params)
-    except (TypeError, ValueError) as e:  # unknown field, or a range check in __post_init__
-        if isinstance(e, LatentWireError):
-            raise
-        raise ConfigError(f"pair protocol {name}: {e}") from e
+    """A split-evidence pair protocol (alone, t2t, fullcontext, translated) with its hyper-parameters,
+    e.g. `get_pair_protocol("translated", checkpoint="runs/xkv")`; errors as for `get_protocol`."""
+    return PAIR_PROTOCOLS.create(name, **params)
 
 
 @register

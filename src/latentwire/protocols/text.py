@@ -28,6 +28,8 @@ REPORT_PROMPT = REPORT_PROMPTS["quote"]
 @register
 @dataclass
 class Text(Protocol):
+    """Sends a text report per sender, decoded for the question. Key parameters: `report` ("quote" or "notes"),
+    `max_report_tokens`, or `ratio` (reports at CacheBack's message size)."""
     name = "text"
     max_report_tokens: int = 64
     ratio: float | None = None  # report budget ceil(T / ratio): text at CacheBack's message size

@@ -14,7 +14,7 @@ from typing import ClassVar
 import torch
 
 from ..agent import Agent
-from ..errors import UnknownNameError
+from ..registry import Registry
 from ..state import KVState
 
 SPAN = 16  # positions per span (CacheBack appendix C)
@@ -129,15 +129,11 @@ def _split_even(rows: list[int], max_len: int) -> list[list[int]]:
     return [rows[i:i + size] for i in range(0, len(rows), size)]
 
 
-SELECTORS: dict[str, type[Selector]] = {}
-
-
-def register(cls: type[Selector]) -> type[Selector]:
-    SELECTORS[cls.name] = cls
-    return cls
+SELECTORS = Registry("selector")
+register = SELECTORS.register
 
 
 def get_selector(name: str, **params) -> Selector:
-    if name not in SELECTORS:
-        raise UnknownNameError("selector", name, SELECTORS)
-    return SELECTORS[name](**params)
+    """A selector by name, its fields from `params`: `get_selector("snapkv")`, `get_selector("cacheback", p=2.0)`.
+    `SELECTORS.names()` lists the names; a wrong name or field raises the typed errors of `Registry.create`."""
+    return SELECTORS.create(name, **params)

@@ -1,4 +1,5 @@
-"""Receiver-agnostic KV-compression baselines from kvpress 0.5.5, as latentwire selectors (SPEC §1).
+"""Receiver-agnostic KV-compression baselines from kvpress 0.5.5, as latentwire selectors
+(docs/methods.md#kvpress-selectors).
 
 kvpress prunes a cache during prefill: a forward hook on every attention layer calls the press's
 `compress()`, which for a `ScorerPress` computes `score(module, hidden_states, keys, values,
@@ -81,7 +82,7 @@ layer the cache holds only the last `window - 1` rows after prefill (measured on
 window 8: keys (1, 1, 7, D) against 112 prefill tokens), so knorm scores 7 rows, snapkv/tova
 computed from the eager attention matrix return 112 scores that do not index the 7 cached rows,
 and h2o fails with a shape error. Scores are therefore recorded and aggregated on global layers
-only -- what kvpress itself does for Gemma3, and what CacheBack does (SPEC §1 step 2).
+only -- what kvpress itself does for Gemma3, and what CacheBack does (docs/methods.md#cacheback-scores).
 
 Knorm on Gemma3 (and any model with a per-head key RMSNorm, like Qwen3) is nearly degenerate:
 keys are RMS-normalised before RoPE (which keeps norms), so ‖k‖ varies only through the norm's

@@ -1,1 +1,1 @@
-"""Training translators between frozen models on split-evidence pairs (issue 6)."""
+"""Training translators between frozen models on split-evidence pairs (docs/methods.md#translator-training)."""

@@ -1,4 +1,4 @@
-"""Translators between different frozen models (SPEC §3-4): XKV, dense alignment, LCF-X, C2C."""
+"""Translators between different frozen models (docs/methods.md#translators): XKV, dense alignment, LCF-X, C2C."""
 from . import c2c, dense_alignment, lcfx, xkv  # noqa: F401  (register)
 from .base import TRANSLATORS, Translator, build, load
 

@@ -1,4 +1,4 @@
-"""Translators between two frozen models (SPEC §3-4): the base class, registry and checkpoints.
+"""Translators between two frozen models (docs/methods.md#translators): the base class, registry and checkpoints.
 
 A translator is a small trainable `nn.Module` bound to one ordered pair of geometries (sharer ->
 receiver). Its one required method, `forward(sharer, receiver)`, maps KV states to a state in the
@@ -25,7 +25,8 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from ..errors import GeometryMismatchError, StateFormatError, UnknownNameError
+from ..errors import GeometryMismatchError, StateFormatError
+from ..registry import Registry, construct
 from ..state import Geometry, KVState, LayerKV, check_format
 
 FORMAT = "latentwire.translator"
@@ -103,22 +104,18 @@ def _short(x) -> str:
     return s if len(s) <= 60 else s[:57] + "..."
 
 
-TRANSLATORS: dict[str, type[Translator]] = {}
-
-
-def register(cls: type[Translator]) -> type[Translator]:
-    TRANSLATORS[cls.name] = cls
-    return cls
+TRANSLATORS = Registry("translator")
+register = TRANSLATORS.register
 
 
 def build(name: str, sharer: Geometry, receiver: Geometry, seed: int = 0, **params) -> Translator:
-    """A freshly initialised translator (deterministic given `seed`)."""
-    if name not in TRANSLATORS:
-        raise UnknownNameError("translator", name, TRANSLATORS)
+    """A freshly initialised translator (deterministic given `seed`); `params` are its `Config` fields.
+    An unknown method or field raises UnknownNameError / UnknownParameterError listing the valid ones."""
     cls = TRANSLATORS[name]
+    config = construct("translator", name, cls.Config, **params)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        return cls(sharer, receiver, cls.Config(**params))
+        return cls(sharer, receiver, config)
 
 
 def read_header(folder: str | Path) -> dict:
@@ -141,10 +138,7 @@ def load(folder: str | Path, device: torch.device | str | None = None) -> Transl
     weights are read on the host and copied in.
     """
     header = read_header(folder)
-    name = header.get("method")
-    if name not in TRANSLATORS:
-        raise UnknownNameError("translator", str(name), TRANSLATORS)
-    cls = TRANSLATORS[name]
+    cls = TRANSLATORS[str(header.get("method"))]
     try:
         config = cls.Config(**header["config"])
     except (TypeError, ValueError) as e:

@@ -1,4 +1,4 @@
-"""C2C (Cache-to-Cache) baseline (SPEC §3): fuse the sharer's K/V into the receiver's, token by token.
+"""C2C (Cache-to-Cache) baseline (docs/methods.md#c2c): fuse the sharer's K/V into the receiver's, token by token.
 
 Both models read the *same* input. Receiver prompt token t is aligned to a sharer token `align[t]`
 (see `token_alignment.align`); for every receiver layer l a projector of its own reads the aligned
@@ -28,6 +28,15 @@ Receiver sliding layers hold only their last rows: each is fused at the rows it 
 Trainable parameters, with I = 2 (H_S D_S + H_R D_R) inputs per row, h = hidden, O = H_R D_R:
     L_R * (2 I  +  (I + 1) h  +  (h + 1) h  +  2 (h + 1) O  +  2 H_R)
 (input LayerNorms, two hidden layers, the K and V output heads, the K and V gates).
+
+Gate (`config.gate`): "static" (default) is the per-layer, per-head parameter above. "input" makes it
+a function of the input, closer to the paper's input-dependent layer gating: per receiver layer,
+
+    z          = [mean_t LN(k_S), mean_t LN(v_S)]            over the rows the layer fuses (2 H_S D_S)
+    g^k, g^v   = g^k_{l}, g^v_{l}  +  W^g_l z                  W^g_l: (2 H_R, 2 H_S D_S), zero-initialised
+
+so at init the gates equal the static ones (σ(0) = 1/2) and the output heads are still zero: an
+untrained C2C is the identity bit for bit in both modes. "input" adds L_R * 4 H_R H_S D_S parameters.
 """
 from __future__ import annotations
 
@@ -42,14 +51,19 @@ from ..state import Geometry, KVState, LayerKV
 from .base import Translator, TranslatorConfig, register, with_layers
 from .token_alignment import TokenAlignment
 
+GATES = ("static", "input")
+
 
 @dataclasses.dataclass(frozen=True)
 class C2CConfig(TranslatorConfig):
     hidden: int = 256  # width of each layer's projector
+    gate: str = "static"  # "static": learned per-layer, per-head gates; "input": computed from the sharer's rows
 
     def __post_init__(self):
         if isinstance(self.hidden, bool) or not isinstance(self.hidden, int) or self.hidden < 1:
             raise ConfigError(f"c2c: hidden must be an integer >= 1, got {self.hidden!r}")
+        if self.gate not in GATES:
+            raise ConfigError(f"c2c: gate must be one of {GATES}, got {self.gate!r}")
 
 
 def layer_map(sharer: Geometry, receiver: Geometry) -> list[int]:
@@ -68,7 +82,7 @@ def layer_map(sharer: Geometry, receiver: Geometry) -> list[int]:
 class _Projector(nn.Module):
     """One receiver layer's fuser: [sharer K/V row, receiver K/V row] -> gated K/V residual."""
 
-    def __init__(self, sharer_width: int, receiver_width: int, heads: int, hidden: int):
+    def __init__(self, sharer_width: int, receiver_width: int, heads: int, hidden: int, gate: str = "static"):
         super().__init__()
         self.norms = nn.ModuleList([nn.LayerNorm(w) for w in (sharer_width, sharer_width,
                                                               receiver_width, receiver_width)])
@@ -82,15 +96,29 @@ class _Projector(nn.Module):
         self.gate_k = nn.Parameter(torch.zeros(heads))  # σ(0) = 1/2: open enough for gradients to flow
         self.gate_v = nn.Parameter(torch.zeros(heads))
         self.heads = heads
+        self.gate_in = None
+        if gate == "input":  # input-conditioned gates: the static ones plus a zero-initialised linear map
+            self.gate_in = nn.Linear(2 * sharer_width, 2 * heads, bias=False)
+            nn.init.zeros_(self.gate_in.weight)
 
-    def forward(self, ks, vs, kr, vr):
-        """(T, H_S D_S) x2, (T, H_R D_R) x2 -> key and value residuals (H_R, T, D_R)."""
-        x = torch.cat([n(t) for n, t in zip(self.norms, (ks, vs, kr, vr))], dim=-1)
+    def forward(self, ks, vs, kr, vr, rows: torch.Tensor | None = None):
+        """(T, H_S D_S) x2, (T, H_R D_R) x2 -> key and value residuals (H_R, T, D_R).
+
+        rows: (T,) bool, the rows that will be fused; the input-conditioned gate pools the sharer's
+        normalised rows over them (default: all rows)."""
+        normed = [n(t) for n, t in zip(self.norms, (ks, vs, kr, vr))]
+        x = torch.cat(normed, dim=-1)
         h = self.mlp(x)
         T = x.shape[0]
         dk = self.out_k(h).reshape(T, self.heads, -1).transpose(0, 1)
         dv = self.out_v(h).reshape(T, self.heads, -1).transpose(0, 1)
-        return torch.sigmoid(self.gate_k)[:, None, None] * dk, torch.sigmoid(self.gate_v)[:, None, None] * dv
+        gate_k, gate_v = self.gate_k, self.gate_v
+        if self.gate_in is not None:
+            z = torch.cat(normed[:2], dim=-1)  # (T, 2 H_S D_S)
+            z = z.mean(dim=0) if rows is None else z[rows].mean(dim=0)
+            g = self.gate_in(z)
+            gate_k, gate_v = gate_k + g[:self.heads], gate_v + g[self.heads:]
+        return torch.sigmoid(gate_k)[:, None, None] * dk, torch.sigmoid(gate_v)[:, None, None] * dv
 
 
 @register
@@ -105,16 +133,18 @@ class C2C(Translator):
         super().__init__(sharer, receiver, config)
         self.layer_map = layer_map(sharer, receiver)
         ws, wr = sharer.num_kv_heads * sharer.head_dim, receiver.num_kv_heads * receiver.head_dim
-        self.projectors = nn.ModuleList(_Projector(ws, wr, receiver.num_kv_heads, self.config.hidden)
+        self.projectors = nn.ModuleList(_Projector(ws, wr, receiver.num_kv_heads, self.config.hidden, self.config.gate)
                                         for _ in range(receiver.num_layers))
 
     @staticmethod
-    def parameter_count(sharer: Geometry, receiver: Geometry, hidden: int) -> int:
+    def parameter_count(sharer: Geometry, receiver: Geometry, hidden: int, gate: str = "static") -> int:
         """Trainable parameters of a C2C for this pair (the formula in the module docstring)."""
-        i = 2 * (sharer.num_kv_heads * sharer.head_dim + receiver.num_kv_heads * receiver.head_dim)
+        ws = sharer.num_kv_heads * sharer.head_dim
+        i = 2 * (ws + receiver.num_kv_heads * receiver.head_dim)
         o = receiver.num_kv_heads * receiver.head_dim
+        extra = 4 * receiver.num_kv_heads * ws if gate == "input" else 0
         return receiver.num_layers * (2 * i + (i + 1) * hidden + (hidden + 1) * hidden + 2 * (hidden + 1) * o
-                                      + 2 * receiver.num_kv_heads)
+                                      + 2 * receiver.num_kv_heads + extra)
 
     def forward(self, sharer: KVState, receiver: KVState, align: torch.Tensor | TokenAlignment,
                 mask: torch.Tensor | None = None) -> KVState:
@@ -156,7 +186,8 @@ class C2C(Translator):
             vs = _usable(s_layer.values)[:, at]
             r_keys, r_values = _usable(layer.keys), _usable(layer.values)
             kr = rotate_keys(r_keys, -layer.positions, r_spec)
-            dk, dv = self.projectors[i](_flat(ks, param), _flat(vs, param), _flat(kr, param), _flat(r_values, param))
+            dk, dv = self.projectors[i](_flat(ks, param), _flat(vs, param), _flat(kr, param), _flat(r_values, param),
+                                        fuse.to(param.device))
             dk = rotate_keys(dk.to(r_keys.device), layer.positions, r_spec)  # rotated to each row's position
             keep = fuse[None, :, None]
             keys = torch.where(keep, r_keys + dk.to(r_keys.dtype), r_keys)

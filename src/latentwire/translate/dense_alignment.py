@@ -1,4 +1,4 @@
-"""Dense latent alignment (SPEC §4): the sharer's rows translated into compact receiver K/V.
+"""Dense latent alignment (docs/methods.md#dense-alignment): the sharer's rows translated into compact receiver K/V.
 
     sharer layer j in sources: keys --un-rotate (sharer RoPE of j, at the rows' positions)--> content
         keys, values: (H_S, T, D_S) -> rows (T, H_S D_S), RMS-normalised per row and layer

@@ -1,4 +1,5 @@
-"""LCF-X baseline (SPEC §3): a sharer-only summary fused into each receiver layer by a layer-local projector.
+"""LCF-X baseline (docs/methods.md#lcf-x): a sharer-only summary fused into each receiver
+layer by a layer-local projector.
 
     LCF's two-stage pooler (lcf_pool.SpanSlotPool) on the sharer:
         rows -> variable-length spans -> one summary per span -> k slots        (L_S, H_S k 2D_S)

@@ -1,6 +1,6 @@
 """Token alignment between two agents that read the same chat with different tokenizers and templates.
 
-C2C (SPEC §3) fuses the sharer's K/V row of a token into the receiver's row of the *same* text, so
+C2C (docs/methods.md#c2c) fuses the sharer's K/V row of a token into the receiver's row of the *same* text, so
 every receiver prompt token needs the sharer token it corresponds to. Both agents render the chat
 with their own template; only the message contents are shared text (template markup, system
 prompts and BOS differ from model to model and are masked out).

@@ -1,4 +1,4 @@
-"""XKV (SPEC §3): dual-cache translation into per-head gated K/V residuals on the receiver's own cache.
+"""XKV (docs/methods.md#xkv): dual-cache translation into per-head gated K/V residuals on the receiver's own cache.
 
     what to pass:  SlotPool(sharer) (L_S, .) --LayerMap--> (L_R, .)  } bottleneck to d, + layer embedding,
                    SlotPool(receiver)          (L_R, .)              } self-attention -> memory (L_R, d)

@@ -72,19 +72,26 @@ def cacheback_send(node, spec, document: str, question: str):
     return packed, info
 
 
-def rows_answer(node, spec, question: str, *packed):
-    """A fan-in receiver: the senders' rows, one after another, re-prefilled in its template slot."""
+def fanin_answer(node, spec, question: str, *packed):
+    """A fan-in receiver (cacheback, fullkv): the senders' messages joined in sender order, then the answer.
+
+    Rows (cacheback) are concatenated and re-prefilled in the receiver's template slot; KV states
+    (fullkv) are concatenated along the sequence axis. `unpack_s` times decoding plus joining.
+    """
     from ..message import Rows
+    from ..state import KVState
 
     p = node.protocol(*spec)
     t0 = time.perf_counter()
     got = [node.unpack(m) for m in packed]
-    message = Rows.cat([g.body for g in got])
+    bodies = [g.body for g in got]
+    message = KVState.concat(bodies) if isinstance(bodies[0], KVState) else Rows.cat(bodies)
     unpack_s = time.perf_counter() - t0
     reply = node.agent.answer(question, message=message, max_new_tokens=p.max_new_tokens)
-    return _answer_info(reply) | _received_info(got) | {
-        "unpack_s": unpack_s, "message_rows": len(message), "rows_bytes": message.nbytes,
-        "token_id_bytes": message.token_id_nbytes}
+    out = _answer_info(reply) | _received_info(got) | {"unpack_s": unpack_s, "message_rows": len(message)}
+    if isinstance(message, Rows):
+        out |= {"rows_bytes": message.nbytes, "token_id_bytes": message.token_id_nbytes}
+    return out
 
 
 def fullkv_send(node, spec, document: str, question: str):
@@ -94,18 +101,6 @@ def fullkv_send(node, spec, document: str, question: str):
     seconds = time.perf_counter() - t0
     packed = node.pack(state, protocol=p.name)
     return packed, {"seconds": seconds, "nbytes": len(state.to_bytes()), "wire_bytes": _wire_len(packed)}
-
-
-def kv_answer(node, spec, question: str, *packed):
-    from ..state import KVState
-
-    p = node.protocol(*spec)
-    t0 = time.perf_counter()
-    got = [node.unpack(m) for m in packed]
-    message = KVState.concat([g.body for g in got])
-    prep_s = time.perf_counter() - t0
-    reply = node.agent.answer(question, message=message, max_new_tokens=p.max_new_tokens)
-    return _answer_info(reply) | _received_info(got) | {"prep_s": prep_s, "message_rows": len(message)}
 
 
 def merge_think(node, spec, document: str, question: str):
@@ -197,8 +192,8 @@ def run_protocol(transport: Transport, protocol: Protocol | tuple[str, dict], se
         out = _run_chain(transport, spec, senders, documents, receiver, question, after_dispatch)
     elif isinstance(protocol, (CacheBack, FullKV)):
         kind = "merge" if isinstance(protocol, Merge) else "cacheback" if isinstance(protocol, CacheBack) else "fullkv"
-        send, answer = {"cacheback": (cacheback_send, rows_answer), "merge": (merge_think, merge_judge),
-                        "fullkv": (fullkv_send, kv_answer)}[kind]
+        send, answer = {"cacheback": (cacheback_send, fanin_answer), "merge": (merge_think, merge_judge),
+                        "fullkv": (fullkv_send, fanin_answer)}[kind]
         out = _run_fanin(transport, spec, kind, send, answer, senders, documents, receiver, question, on_lost,
                          after_dispatch)
     else:
@@ -255,7 +250,7 @@ def _run_fanin(t: Transport, spec, kind, send, answer, senders, documents, recei
     else:
         nbytes = sum(i["nbytes"] for i in live)
         details |= {"latent_steps": spec[1]["latent_steps"]}
-        receiver_s = got["seconds"] + got["prep_s"]
+        receiver_s = got["seconds"] + got["unpack_s"]
         kept = tuple(((0, len(d)),) for d in documents)
     return Outcome(spec[0], got["answer"], nbytes, got["context"], tuple(i["seconds"] for i in live), receiver_s,
                    details, kept_spans=kept)

@@ -1,4 +1,5 @@
-"""Split-evidence pairs for heterogeneous agents (issue 6): a sharer and a receiver each hold half.
+"""Split-evidence pairs for heterogeneous agents (docs/methods.md#translator-training): a sharer and a
+receiver each hold half.
 
     pairs("facts", "train", n=200)   # two-hop facts: the bridge fact in one document, the answer in the other
     pairs("reasoning", "test", n=40) # 2-thinker premise split: every premise is needed

@@ -1,0 +1,162 @@
+"""Cross-model CacheBack: cheap readers select, a different model answers; paired verdicts per (task, pair).
+
+    python benchmarks/cross_model.py [--n 100] [--tasks facts1,code1] [--ratios 8,16]
+        [--pairs smollm2-135m:qwen2.5-coder-0.5b,gemma3-270m:qwen2.5-coder-0.5b,qwen2.5-coder-0.5b:smollm2-135m]
+        [--latent-maps runs/latent_maps] [--out docs/results/cross_model]
+
+Per task (fan-in of 3; `facts1` = one-hop facts with ≈ 500-token documents, `code1` = single-scope code,
+the same generators and seed as benchmarks/latent_vs_text.py) and per ordered pair A:B (senders A,
+receiver B), every episode runs, each labelled "A→B protocol":
+
+    cacheback_x(ratio=r)                            A selects as CacheBack does, B reads the spans' text
+    cacheback_x(ratio=r, delivery='spans+latent')   + A's 8 latent rows mapped into B (when --latent-maps
+                                                    holds <A>_<B>/, written by benchmarks/fit_latent_map.py)
+    text(ratio=r)                                   reports written by A at the same size, read by B
+and once per receiver B ("B→B ..."): alone, fullcontext, same-model cacheback(ratio=r, latent_steps=8).
+Senders read once per (episode, model) and every protocol is charged that read (`shared_reads`).
+Each task folder gets records.jsonl, config.json, report.md (paired verdicts: accuracy difference with a
+95% paired bootstrap CI, exact McNemar p, median TTEOA ratio), and the command. Resumable.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from latent_vs_text import cell_episodes  # noqa: E402  (same episodes as the latent-vs-text study)
+
+from latentwire.agent import Agent  # noqa: E402
+from latentwire.bench.episode import write_episodes  # noqa: E402
+from latentwire.bench.report import compare, verdict  # noqa: E402
+from latentwire.bench.runner import environment, finished, run_episode  # noqa: E402
+from latentwire.protocols import get_protocol  # noqa: E402
+from latentwire.protocols.reads import shared_reads  # noqa: E402
+
+OUT = Path(__file__).resolve().parents[1] / "docs" / "results" / "cross_model"
+TASKS = {"facts1": "facts1_500", "code1": "code1"}
+PAIRS = "smollm2-135m:qwen2.5-coder-0.5b,gemma3-270m:qwen2.5-coder-0.5b,qwen2.5-coder-0.5b:smollm2-135m"
+
+
+class Mixed:
+    """A protocol run with senders of one model and a receiver of another (runner.run_episode's agent slot)."""
+
+    def __init__(self, protocol, sender: Agent, receiver: Agent):
+        self.protocol, self.sender, self.receiver = protocol, sender, receiver
+
+    def run(self, senders, documents, receiver, question):
+        return self.protocol.run([self.sender] * len(documents), documents, self.receiver, question)
+
+
+def plan(pairs: list[tuple[str, str]], ratios: list[int], maps: Path | None) -> list[tuple[str, str, str, dict]]:
+    """(label, sender, receiver, protocol spec) rows, in run order."""
+    rows = []
+    for b in dict.fromkeys(r for _, r in pairs):  # receivers' own references
+        rows += [(f"{b}→{b} alone", b, b, {"name": "alone"}), (f"{b}→{b} fullcontext", b, b, {"name": "fullcontext"})]
+        rows += [(f"{b}→{b} cacheback(ratio={r})", b, b, {"name": "cacheback", "ratio": r, "latent_steps": 8})
+                 for r in ratios]
+    for a, b in pairs:
+        for r in ratios:
+            rows.append((f"{a}→{b} cacheback_x(ratio={r})", a, b, {"name": "cacheback_x", "ratio": r, "latent_steps": 0}))
+            fitted = maps / f"{a}_{b}" if maps else None
+            if fitted and (fitted / "latent_map.json").exists():
+                rows.append((f"{a}→{b} cacheback_x(ratio={r}, delivery='spans+latent')", a, b,
+                             {"name": "cacheback_x", "ratio": r, "latent_steps": 8, "delivery": "spans+latent",
+                              "latent_map": str(fitted)}))
+            rows.append((f"{a}→{b} text(ratio={r})", a, b, {"name": "text", "ratio": r}))
+    return rows
+
+
+def verdict_pairs(pairs: list[tuple[str, str]], ratios: list[int], labels: set[str]) -> list[tuple[str, str]]:
+    out = []
+    for a, b in pairs:
+        for r in ratios:
+            x = f"{a}→{b} cacheback_x(ratio={r})"
+            for y in (f"{b}→{b} alone", f"{a}→{b} text(ratio={r})", f"{b}→{b} cacheback(ratio={r})",
+                      f"{b}→{b} fullcontext", f"{a}→{b} cacheback_x(ratio={r}, delivery='spans+latent')"):
+                if y in labels:
+                    out.append((y, x) if "spans+latent" in y else (x, y))
+    return out
+
+
+def report(folder: Path, pairs, ratios, cmd: str) -> str:
+    records = [json.loads(l) for l in (folder / "records.jsonl").read_text().splitlines() if l.strip()]
+    labels = list(dict.fromkeys(r["protocol"] for r in records))
+    lines = [f"# Cross-model CacheBack: {folder.name}", "", f"Command: `{cmd}`", "",
+             "| protocol | n | accuracy | evidence recall | median bytes | median TTEOA s | median sender read s |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for lab in labels:
+        rs = [r for r in records if r["protocol"] == lab]
+        ok = [r for r in rs if r.get("error") is None]
+        med = lambda xs: sorted(xs)[len(xs) // 2] if xs else float("nan")  # noqa: E731
+        rec = [r["evidence_recall"] for r in ok if r.get("evidence_recall") is not None]
+        lines.append(f"| `{lab}` | {len(rs)} | {sum(r['accuracy'] for r in rs) / len(rs):.2f} | "
+                     + (f"{sum(rec) / len(rec):.2f}" if rec else "—") + " | "
+                     f"{med([r['message_bytes'] for r in ok if r['message_bytes'] is not None]):,.0f} | "
+                     f"{med([r['tteoa'] for r in ok]):.2f} | "
+                     f"{med([max(r['sender_seconds'], default=0.0) for r in ok]):.2f} |")
+    lines += ["", "Paired verdicts (accuracy a − b, 95% paired bootstrap CI, exact McNemar p; median TTEOA a ÷ b):", "",
+              "| a vs b | n | accuracy a vs b | difference | McNemar p | TTEOA a ÷ b |", "|---|---:|---|---|---:|---|"]
+    for a, b in verdict_pairs(pairs, ratios, set(labels)):
+        c = compare(records, a, b)
+        if c:
+            lines.append(verdict(c))
+    text = "\n".join(lines) + "\n"
+    (folder / "report.md").write_text(text)
+    return text
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--n", type=int, default=100, help="episodes per task")
+    ap.add_argument("--seed", type=int, default=2026, help="episode generator seed (latent_vs_text's)")
+    ap.add_argument("--tasks", default="facts1,code1", help=f"comma-separated, of {sorted(TASKS)}")
+    ap.add_argument("--ratios", default="8,16", help="CacheBack / text compression ratios")
+    ap.add_argument("--pairs", default=PAIRS, help="comma-separated SENDER:RECEIVER model names")
+    ap.add_argument("--latent-maps", type=Path, default=Path("runs/latent_maps"),
+                    help="folder of fitted maps <sender>_<receiver>/ (spans+latent rows run where one exists)")
+    ap.add_argument("--dtype", default=None, help="default: latentwire's choice for this machine (bf16 here)")
+    ap.add_argument("--out", type=Path, default=OUT, help="results folder (one subfolder per task)")
+    args = ap.parse_args()
+    tasks = args.tasks.split(",")
+    if set(tasks) - set(TASKS):
+        sys.exit(f"unknown tasks {sorted(set(tasks) - set(TASKS))}; valid: {', '.join(sorted(TASKS))}")
+    pairs = [tuple(p.split(":")) for p in args.pairs.split(",")]
+    if any(len(p) != 2 for p in pairs):
+        sys.exit("--pairs: want SENDER:RECEIVER[,SENDER:RECEIVER...]")
+    ratios = [int(r) for r in args.ratios.split(",")]
+    rows = plan(pairs, ratios, args.latent_maps)
+    protocols = {label: get_protocol(spec["name"], **{k: v for k, v in spec.items() if k != "name"})
+                 for label, _, _, spec in rows}  # every spec validated before any model loads
+    agents = {m: Agent.from_pretrained(m, dtype=args.dtype) for m in dict.fromkeys(x for p in pairs for x in p)}
+    cmd = " ".join(["python benchmarks/cross_model.py"] + sys.argv[1:])
+    for task in tasks:
+        folder = args.out / task
+        folder.mkdir(parents=True, exist_ok=True)
+        episodes = cell_episodes(TASKS[task], args.n, args.seed)
+        write_episodes(folder / "episodes.jsonl", episodes)
+        (folder / "config.json").write_text(json.dumps(
+            {"task": task, "n": args.n, "seed": args.seed, "pairs": pairs, "ratios": ratios,
+             "protocols": {label: {"sender": a, "receiver": b} | spec for label, a, b, spec in rows},
+             "dtype": {m: str(ag.dtype) for m, ag in agents.items()}, "environment": environment()}, indent=2) + "\n")
+        done = finished(folder / "records.jsonl", "episode")
+        t0 = time.perf_counter()
+        with (folder / "records.jsonl").open("a", encoding="utf-8") as f:
+            for i, ep in enumerate(episodes):
+                with shared_reads():
+                    for label, a, b, _ in rows:
+                        if (ep.id, label) in done:
+                            continue
+                        rec = run_episode(Mixed(protocols[label], agents[a], agents[b]), label, ep, agents[a])
+                        f.write(json.dumps(rec | {"sender_model": a, "receiver_model": b}, ensure_ascii=False) + "\n")
+                        f.flush()
+                print(f"{task}: episode {i + 1}/{len(episodes)} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        (folder / "command.txt").write_text(cmd + "\n")
+        print(report(folder, pairs, ratios, cmd))
+
+
+if __name__ == "__main__":
+    main()
