@@ -73,22 +73,25 @@ def _demo(args) -> int:
     agent = _load_agent(args)
     print(f"running on {agent.device} in {str(agent.dtype).removeprefix('torch.')}", flush=True)
     protocols = {"alone": {}, "text": {},
-                 "fullkv": {"latent_steps": args.latent_steps, "latent_mode": args.latent_mode}}
+                 "fullkv": {"latent_steps": args.latent_steps, "latent_mode": args.latent_mode},
+                 "cacheback": {"ratio": args.ratio, "latent_steps": args.latent_steps, "latent_mode": args.latent_mode}}
     rows = []
     for ep, out in run_demo(agent, protocols, args.senders, progress=lambda xs, desc: tqdm(xs, desc=desc)):
         ok = ep.gold.lower() in out.answer.lower()
         rows.append((out.protocol, ep.question, ok, out))
-    print(f"\nmodel {args.model}, {args.senders} senders, fullkv with {args.latent_steps} latent steps "
-          f"({args.latent_mode})\n")
-    print(f"{'protocol':8} {'ok':2} {'TTEOA s':>7} {'sender s':>8} {'recv s':>6} {'bytes':>10} {'ctx':>5}  answer")
+    print(f"\nmodel {args.model}, {args.senders} senders; fullkv and cacheback ({args.ratio}x) with "
+          f"{args.latent_steps} latent steps ({args.latent_mode})\n")
+    print(f"{'protocol':9} {'ok':2} {'TTEOA s':>7} {'sender s':>8} {'recv s':>6} {'bytes':>10} {'ctx':>5}  answer")
     for name, q, ok, out in rows:
         ans = out.answer.replace("\n", " ")
-        print(f"{name:8} {'✓' if ok else '✗':2} {out.tteoa:7.2f} {max(out.sender_seconds, default=0):8.2f} "
+        print(f"{name:9} {'✓' if ok else '✗':2} {out.tteoa:7.2f} {max(out.sender_seconds, default=0):8.2f} "
               f"{out.receiver_seconds:6.2f} {out.message_bytes:10,d} {out.receiver_context:5d}  {ans[:60]}")
-    print("\nper protocol: correct / episodes")
+    print("\nper protocol: correct / episodes (bytes: the message; ctx: the receiver's context in rows)")
     for name in protocols:
         oks = [ok for n, _, ok, _ in rows if n == name]
-        print(f"  {name:8} {sum(oks)}/{len(oks)}")
+        print(f"  {name:9} {sum(oks)}/{len(oks)}")
+    print("\nnext: `latentwire inspect` shows what CacheBack sent; docs/results.md has the measured comparisons "
+          "(`latentwire bench run` reproduces them)")
     return 0
 
 
@@ -99,7 +102,8 @@ def _demo_ray(args) -> int:
     from .transport.demo import demo
 
     hf_logging.disable_progress_bar()
-    rows = demo(AgentSpec.pretrained(args.model, device=args.device, dtype=args.dtype), args.senders, args.latent_steps, args.latent_mode, address=args.address,
+    rows = demo(AgentSpec.pretrained(args.model, device=args.device, dtype=args.dtype), args.senders,
+                args.latent_steps, args.latent_mode, ratio=args.ratio, address=args.address,
                 num_cpus=args.num_cpus, attach=args.attach)
     print("\nper protocol: correct / episodes")
     for name in dict.fromkeys(r[0] for r in rows):
@@ -199,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="senders read private documents, a receiver answers; every protocol")
     demo.add_argument("--model", default="smollm2-135m", help="bundled model name or local HF directory")
     demo.add_argument("--senders", type=int, default=3, choices=(1, 2, 3), help="sender agents, one document each")
-    demo.add_argument("--latent-steps", type=int, default=8, help="G latent steps per sender for fullkv")
+    demo.add_argument("--latent-steps", type=int, default=8, help="G latent steps per sender (fullkv, cacheback)")
+    demo.add_argument("--ratio", type=int, default=4, help="cacheback: each sender sends ceil(T / ratio) rows")
     demo.add_argument("--latent-mode", default="rescale", choices=("rescale", "realign"),
                       help="how a latent step maps the last hidden state back to an input embedding")
     demo.add_argument("--transport", default="inprocess", choices=("inprocess", "ray"),
