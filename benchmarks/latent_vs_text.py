@@ -1,7 +1,7 @@
 """Latent vs text, decided: fan-in end-to-end runs with paired verdicts, one cell per (task, length).
 
     python benchmarks/latent_vs_text.py [--model qwen2.5-0.5b] [--n 100] [--cells facts1_500,code1]
-                                        [--protocols all|core] [--out docs/results/latent_vs_text]
+                                        [--protocols all|core|long] [--out docs/results/latent_vs_text]
 
 Cells (each a fresh deterministic episode set written next to its records; 3 senders each):
     facts1_500, facts1_2000, facts1_4000   one-hop `facts`, each sender's document ≈ 500 / 2,000 / 4,000 tokens
@@ -38,10 +38,16 @@ PROTOCOLS = {
              "fullkv(latent_steps=8, query_aware=True)", "cacheback(ratio=8, latent_steps=8)",
              "cacheback(ratio=16, latent_steps=8)", "latentmas_sequential(latent_steps=8, query_aware=False)"],
 }
+# long documents (4,000 tokens): full KV only query-blind, no sequential chain (12,000-row caches are what they cost
+# at 500 tokens, ×8), and CacheBack at 32× and without latent steps, where the crossover page puts its TTEOA gain
+PROTOCOLS["long"] = ([p for p in PROTOCOLS["core"] if "query_aware=True" not in p and "latentmas" not in p]
+                     + ["text(ratio=32)", "cacheback(ratio=32, latent_steps=8)", "cacheback(ratio=32, latent_steps=0)",
+                        "cacheback(ratio=16, latent_steps=0)"])
 CELLS = ("facts1_500", "facts1_2000", "facts1_4000", "code1", "facts2_2000")
 HEADLINE = [  # (a, b) rows of the summary table, when both ran
     ("cacheback(ratio=8, latent_steps=8)", "text(ratio=8)"), ("cacheback(ratio=8, latent_steps=8)", "text"),
-    ("cacheback(ratio=16, latent_steps=8)", "text(ratio=16)"),
+    ("cacheback(ratio=16, latent_steps=8)", "text(ratio=16)"), ("cacheback(ratio=32, latent_steps=8)", "text(ratio=32)"),
+    ("cacheback(ratio=32, latent_steps=0)", "text(ratio=32)"), ("cacheback(ratio=16, latent_steps=0)", "text"),
     ("cacheback(ratio=8, latent_steps=8)", "fullkv(latent_steps=8, query_aware=False)"),
     ("cacheback(ratio=8, latent_steps=8)", "fullcontext"),
     ("fullkv(latent_steps=8, query_aware=False)", "fullkv(latent_steps=8, query_aware=True)"),

@@ -226,7 +226,7 @@ def test_run_prints_every_protocol_parameter(tiny_task, tmp_path, capsys):
     text = capsys.readouterr().out
     assert "alone(max_new_tokens=1): alone(max_new_tokens=1)" in text
     line = next(l for l in text.splitlines() if l.strip().startswith("cacheback("))
-    assert all(k in line for k in ("ratio=4", "latent_steps=40", "selector='cacheback'", "span_mode="))
+    assert all(k in line for k in ("ratio=4", "latent_steps=8", "selector='cacheback'", "span_mode="))
 
 
 def test_pareto_front_in_the_legend_is_drawn(tiny_task, tmp_path, monkeypatch):

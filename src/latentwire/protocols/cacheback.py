@@ -43,7 +43,7 @@ class CacheBack(Protocol):
     for the receiver to re-prefill; key parameters: `ratio`, `latent_steps`, `selector`, `span_mode`."""
     name = "cacheback"
     ratio: float = 8.0  # compression r: each sender sends B = ceil(T / r) rows beyond the always-kept ones
-    latent_steps: int = 40
+    latent_steps: int = 8  # G; the measured studies all use 8 (docs/methods.md#latentmas, "Default G")
     latent_mode: str = "rescale"
     selector: str = "cacheback"
     selector_params: dict = field(default_factory=dict)

@@ -21,7 +21,7 @@ class FullKV(Protocol):
     """Each sender sends its whole finished state (prefill + G latent steps); the receiver answers after the
     concatenated states. Key parameters: `latent_steps` (G), `latent_mode`, `query_aware`."""
     name = "fullkv"
-    latent_steps: int = 40  # G; 0 sends the prefill state alone (logged, still a message)
+    latent_steps: int = 8  # G (docs/methods.md#latentmas, "Default G"); 0 sends the prefill state alone, logged
     latent_mode: str = "rescale"  # "rescale" (CacheBack) or "realign" (LatentMAS W_a)
     query_aware: bool = True  # senders see the question before thinking
 
