@@ -13,7 +13,8 @@ receiver B), every episode runs, each labelled "A→B protocol":
                                                     holds <A>_<B>/, written by benchmarks/fit_latent_map.py)
     text(ratio=r)                                   reports written by A at the same size, read by B
 and once per receiver B ("B→B ..."): alone, fullcontext, same-model cacheback(ratio=r, latent_steps=8).
-Senders read once per (episode, model) and every protocol is charged that read (`shared_reads`).
+Every CacheBack row reads with G = 8 (CacheBack's default), so senders read once per (episode, model) and
+every protocol is charged that read (`shared_reads`); spans vs spans+latent differ only in the latent rows.
 Each task folder gets records.jsonl, config.json, report.md (paired verdicts: accuracy difference with a
 95% paired bootstrap CI, exact McNemar p, median TTEOA ratio), and the command. Resumable.
 """
@@ -26,16 +27,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from latent_vs_text import cell_episodes  # noqa: E402  (same episodes as the latent-vs-text study)
+from latent_vs_text import cell_episodes, ensure_episodes  # noqa: E402  (the latent-vs-text episodes)
 
 from latentwire.agent import Agent  # noqa: E402
-from latentwire.bench.episode import write_episodes  # noqa: E402
 from latentwire.bench.report import compare, verdict  # noqa: E402
 from latentwire.bench.runner import environment, finished, run_episode  # noqa: E402
 from latentwire.protocols import get_protocol  # noqa: E402
 from latentwire.protocols.reads import shared_reads  # noqa: E402
 
-OUT = Path(__file__).resolve().parents[1] / "docs" / "results" / "cross_model"
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "docs" / "results" / "cross_model"
 TASKS = {"facts1": "facts1_500", "code1": "code1"}
 PAIRS = "smollm2-135m:qwen2.5-coder-0.5b,gemma3-270m:qwen2.5-coder-0.5b,qwen2.5-coder-0.5b:smollm2-135m"
 
@@ -59,7 +60,7 @@ def plan(pairs: list[tuple[str, str]], ratios: list[int], maps: Path | None) -> 
                  for r in ratios]
     for a, b in pairs:
         for r in ratios:
-            rows.append((f"{a}→{b} cacheback_x(ratio={r})", a, b, {"name": "cacheback_x", "ratio": r, "latent_steps": 0}))
+            rows.append((f"{a}→{b} cacheback_x(ratio={r})", a, b, {"name": "cacheback_x", "ratio": r, "latent_steps": 8}))
             fitted = maps / f"{a}_{b}" if maps else None
             if fitted and (fitted / "latent_map.json").exists():
                 rows.append((f"{a}→{b} cacheback_x(ratio={r}, delivery='spans+latent')", a, b,
@@ -85,14 +86,16 @@ def report(folder: Path, pairs, ratios, cmd: str) -> str:
     records = [json.loads(l) for l in (folder / "records.jsonl").read_text().splitlines() if l.strip()]
     labels = list(dict.fromkeys(r["protocol"] for r in records))
     lines = [f"# Cross-model CacheBack: {folder.name}", "", f"Command: `{cmd}`", "",
-             "| protocol | n | accuracy | evidence recall | median bytes | median TTEOA s | median sender read s |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+             "| protocol | n | errors | accuracy | evidence recall | median bytes | median TTEOA s "
+             "| median slowest sender s |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for lab in labels:
         rs = [r for r in records if r["protocol"] == lab]
         ok = [r for r in rs if r.get("error") is None]
         med = lambda xs: sorted(xs)[len(xs) // 2] if xs else float("nan")  # noqa: E731
         rec = [r["evidence_recall"] for r in ok if r.get("evidence_recall") is not None]
-        lines.append(f"| `{lab}` | {len(rs)} | {sum(r['accuracy'] for r in rs) / len(rs):.2f} | "
+        lines.append(f"| `{lab}` | {len(rs)} | {len(rs) - len(ok)} | "
+                     f"{sum(r['accuracy'] for r in rs) / len(rs):.2f} | "
                      + (f"{sum(rec) / len(rec):.2f}" if rec else "—") + " | "
                      f"{med([r['message_bytes'] for r in ok if r['message_bytes'] is not None]):,.0f} | "
                      f"{med([r['tteoa'] for r in ok]):.2f} | "
@@ -116,7 +119,7 @@ def main() -> None:
     ap.add_argument("--tasks", default="facts1,code1", help=f"comma-separated, of {sorted(TASKS)}")
     ap.add_argument("--ratios", default="8,16", help="CacheBack / text compression ratios")
     ap.add_argument("--pairs", default=PAIRS, help="comma-separated SENDER:RECEIVER model names")
-    ap.add_argument("--latent-maps", type=Path, default=Path("runs/latent_maps"),
+    ap.add_argument("--latent-maps", type=Path, default=ROOT / "runs" / "latent_maps",
                     help="folder of fitted maps <sender>_<receiver>/ (spans+latent rows run where one exists)")
     ap.add_argument("--dtype", default=None, help="default: latentwire's choice for this machine (bf16 here)")
     ap.add_argument("--out", type=Path, default=OUT, help="results folder (one subfolder per task)")
@@ -137,12 +140,22 @@ def main() -> None:
         folder = args.out / task
         folder.mkdir(parents=True, exist_ok=True)
         episodes = cell_episodes(TASKS[task], args.n, args.seed)
-        write_episodes(folder / "episodes.jsonl", episodes)
-        (folder / "config.json").write_text(json.dumps(
-            {"task": task, "n": args.n, "seed": args.seed, "pairs": pairs, "ratios": ratios,
-             "protocols": {label: {"sender": a, "receiver": b} | spec for label, a, b, spec in rows},
-             "dtype": {m: str(ag.dtype) for m, ag in agents.items()}, "environment": environment()}, indent=2) + "\n")
-        done = finished(folder / "records.jsonl", "episode")
+        ensure_episodes(folder / "episodes.jsonl", episodes)  # refuses another seed's episodes in the folder
+        config = {"task": task, "n": args.n, "seed": args.seed, "pairs": pairs, "ratios": ratios,
+                  "protocols": {label: {"sender": a, "receiver": b} | spec for label, a, b, spec in rows},
+                  "dtype": {m: str(ag.dtype) for m, ag in agents.items()}, "environment": environment(), "resumed": []}
+        cfg_path, done = folder / "config.json", finished(folder / "records.jsonl", "episode")
+        if done and cfg_path.exists():  # resuming: keep the first run's environment, log this one's
+            first = json.loads(cfg_path.read_text())
+            clash = {m: d for m, d in config["dtype"].items() if first["dtype"].get(m, d) != d}
+            if clash:
+                sys.exit(f"{folder} holds records of {sorted(clash)} in another dtype; use a new --out")
+            config |= {"n": max(first["n"], args.n), "environment": first["environment"],
+                       "resumed": first.get("resumed", []) + [config["environment"]],
+                       "pairs": first["pairs"] + [list(p) for p in pairs if list(p) not in first["pairs"]],
+                       "ratios": sorted(set(first["ratios"]) | set(ratios)),
+                       "protocols": first["protocols"] | config["protocols"], "dtype": first["dtype"] | config["dtype"]}
+        cfg_path.write_text(json.dumps(config, indent=2) + "\n")
         t0 = time.perf_counter()
         with (folder / "records.jsonl").open("a", encoding="utf-8") as f:
             for i, ep in enumerate(episodes):
@@ -155,7 +168,7 @@ def main() -> None:
                         f.flush()
                 print(f"{task}: episode {i + 1}/{len(episodes)} ({time.perf_counter() - t0:.0f} s)", flush=True)
         (folder / "command.txt").write_text(cmd + "\n")
-        print(report(folder, pairs, ratios, cmd))
+        print(report(folder, [tuple(p) for p in config["pairs"]], config["ratios"], cmd))  # resumes' union
 
 
 if __name__ == "__main__":

@@ -139,10 +139,19 @@ def environment() -> dict:
         git = None
     return {"latentwire": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "git": git, "machine": platform.machine(),
-            "processor": platform.processor(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "processor": platform.processor(), "cpu_model": cpu_model(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "cpu_bf16": list(cpu_bf16_flags()),
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name (Linux /proc/cpuinfo), so a record says which machine its timings come from."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        return None
 
 
 def score(ep: Episode, label: str, out: Outcome, tokenizer) -> dict:
