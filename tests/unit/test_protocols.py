@@ -48,9 +48,11 @@ def test_fullkv_zero_steps_still_sends_prefill_states(agents):
     for sender, doc in zip(senders, DOCS):
         (rec,) = [c for c in sender.calls if c.op == "prefill"]
         prefill_rows.append(rec.rows_in)
-        ids = sender.chat_ids(SENDER_PROMPT.format(document=doc) + QUESTION_SUFFIX.format(question=QUESTION))
+        ids = sender.chat_ids(SENDER_PROMPT.format(document=doc))  # query-blind by default
         assert rec.rows_in == len(ids)
     assert out.details["message_rows"] == sum(prefill_rows) and out.details["latent_steps"] == 0
+    aware = FullKV(latent_steps=0, query_aware=True).sender_prompt(DOCS[0], QUESTION)
+    assert aware == SENDER_PROMPT.format(document=DOCS[0]) + QUESTION_SUFFIX.format(question=QUESTION)
     # what crossed the wire: each sender's own canonical state bytes
     fresh = [FullKV(latent_steps=0).sender_state(s, d, QUESTION) for s, d in zip(senders, DOCS)]
     assert out.message_bytes == sum(len(s.to_bytes()) for s in fresh) > 0

@@ -23,7 +23,7 @@ class FullKV(Protocol):
     name = "fullkv"
     latent_steps: int = 8  # G (docs/methods.md#latentmas, "Default G"); 0 sends the prefill state alone, logged
     latent_mode: str = "rescale"  # "rescale" (CacheBack) or "realign" (LatentMAS W_a)
-    query_aware: bool = True  # senders see the question before thinking
+    query_aware: bool = False  # blind: senders read only their document (docs/methods.md#full-kv, "Regime")
 
     def __post_init__(self):
         super().__post_init__()
