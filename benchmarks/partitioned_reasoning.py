@@ -5,10 +5,11 @@ order without knowing it?
 
 Two thinkers each hold half the premises of a shipped `reasoning` problem (`thinkers=2`). Cells: regime
 (query-blind / query-aware thinkers) × latent steps G. In each cell: BagMerge in both orders,
-CanonicalMerge, and (once, outside the grid) text passing, PackLLM, a single agent reading every
+CanonicalMerge (ascending mean K-norm, the default) and its descending ablation, and (once, outside the grid) text passing, PackLLM, a single agent reading every
 premise (fullcontext) and the judger alone. Runs through the bench runner (records under
 runs/partitioned_<model>/, resumable). The claim tested: CanonicalMerge within a few points of the
-*best* BagMerge order in every cell. Writes docs/results/partitioned_reasoning_<model>.{md,json,png}.
+*best* BagMerge order in every cell; the sort direction is the ablation (with two thinkers, descending
+is, per problem, the order ascending did not choose). Writes docs/results/partitioned_reasoning_<model>.{md,json,png}.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from latentwire.bench.runner import RunConfig, parse_protocols, run
 
 ROOT = Path(__file__).resolve().parents[1]
 RENDERS = {"bag (0,1)": "render='bag', order=(0, 1)", "bag (1,0)": "render='bag', order=(1, 0)",
-           "canonical": "render='canonical'"}
+           "canonical": "render='canonical'", "canonical desc": "render='canonical', direction='descending'"}
 BASELINES = ("text(report='notes')", "packllm", "fullcontext", "alone")
 
 
@@ -54,16 +55,17 @@ def main() -> None:
 
     cmd = f"python benchmarks/partitioned_reasoning.py --model {args.model} --n {args.n} --seed {args.seed} --steps {args.steps}"
     lines = [f"# Partitioned reasoning, 2 thinkers ({args.model}, {args.n} `reasoning` problems)", "",
-             f"Command: `{cmd}`", "", "Accuracy (contains the gold answer). Gap = CanonicalMerge − best BagMerge order.", "",
-             "| regime | G | bag (0,1) | bag (1,0) | canonical | gap to best bag | canonical order = best? |",
-             "|---|---:|---:|---:|---:|---:|---|"]
+             f"Command: `{cmd}`", "", "Accuracy (contains the gold answer). Gap = CanonicalMerge (ascending, the default) − best BagMerge "
+             "order; canonical desc = the descending sort (the direction ablation).", "",
+             "| regime | G | bag (0,1) | bag (1,0) | canonical | canonical desc | gap to best bag | canonical order = best? |",
+             "|---|---:|---:|---:|---:|---:|---:|---|"]
     table = {}
     for aware, g in cells:
         a = {r: acc(spec(r, g, aware)) for r in RENDERS}
         best = max(a["bag (0,1)"], a["bag (1,0)"])
         table[f"{'aware' if aware else 'blind'}/G={g}"] = a
         lines.append(f"| {'query-aware' if aware else 'query-blind'} | {g} | {a['bag (0,1)']:.2f} | "
-                     f"{a['bag (1,0)']:.2f} | {a['canonical']:.2f} | {100 * (a['canonical'] - best):+.0f} pp | "
+                     f"{a['bag (1,0)']:.2f} | {a['canonical']:.2f} | {a['canonical desc']:.2f} | {100 * (a['canonical'] - best):+.0f} pp | "
                      f"{'yes' if a['canonical'] >= best else 'no'} |")
     lines += ["", "| baseline | accuracy |", "|---|---:|"] + [f"| {b} | {acc(b):.2f} |" for b in BASELINES]
     lines += ["", f"![accuracy per cell](partitioned_reasoning_{args.model}.png)"]
@@ -83,7 +85,7 @@ def main() -> None:
     fig, ax = plt.subplots(figsize=(7, 4))
     names = list(table)
     for k, r in enumerate(RENDERS):
-        ax.bar([i + 0.27 * (k - 1) for i in range(len(names))], [table[c][r] for c in names], width=0.27, label=r)
+        ax.bar([i + 0.2 * (k - 1.5) for i in range(len(names))], [table[c][r] for c in names], width=0.2, label=r)
     ax.set_xticks(range(len(names)), names, fontsize=8)
     ax.set(ylabel="accuracy", ylim=(0, 1.05), title=f"{args.model}: BagMerge orders vs CanonicalMerge")
     ax.legend(fontsize=8)
