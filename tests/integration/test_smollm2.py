@@ -24,13 +24,16 @@ def test_private_fact_reaches_receiver_by_fullkv_and_text(smollm2):
     """Only the sender read the document; the receiver alone cannot know the code."""
     alone = get_protocol("alone").run([], [], smollm2, QUESTION)
     assert GOLD not in alone.answer
-    for name, params in [("fullkv", {"latent_steps": 0}), ("fullkv", {"latent_steps": 4}), ("text", {})]:
+    for name, params in [("fullkv", {"latent_steps": 0}), ("fullkv", {"latent_steps": 4}),
+                         ("fullkv", {"latent_steps": 4, "query_aware": True}), ("text", {})]:
         out = get_protocol(name, **params).run([smollm2], [FACT_DOC], smollm2, QUESTION)
         assert GOLD in out.answer, (name, params, out.answer)
         assert out.message_bytes > 0
         if name == "fullkv":  # the whole sender state, latent rows included, sits in the receiver's context
-            sent = len(smollm2.chat_ids("Read this document.\n\n" + FACT_DOC + "\n\nQuestion: " + QUESTION))
-            assert out.details["message_rows"] == sent + params["latent_steps"]
+            read = "Read this document.\n\n" + FACT_DOC  # query-blind (the default) ...
+            if params.get("query_aware"):  # ... or with the question after the document
+                read += "\n\nQuestion: " + QUESTION
+            assert out.details["message_rows"] == len(smollm2.chat_ids(read)) + params["latent_steps"]
 
 
 def test_rerotated_state_matches_direct_prefill(smollm2):
