@@ -104,8 +104,8 @@ def test_runner_resumes_records_errors_and_reports(tiny_task, tmp_path):
 
 
 def test_runner_records_typed_errors_and_goes_on(tiny_task, tmp_path):
-    agent = Agent(tiny_model("llama"), tiny_tokenizer(), "llama", context_window=260)  # e0 fits, e1 and e2 do not
-    run(RunConfig(str(tiny_task), "fullkv(latent_steps=0, max_new_tokens=2)", "llama"), tmp_path / "r",
+    agent = Agent(tiny_model("llama"), tiny_tokenizer(), "llama", context_window=260)  # aware reads: e0 fits, e1 and e2 do not
+    run(RunConfig(str(tiny_task), "fullkv(latent_steps=0, query_aware=True, max_new_tokens=2)", "llama"), tmp_path / "r",
         progress=False, agent=agent)
     records = [json.loads(l) for l in (tmp_path / "r" / "records.jsonl").read_text().splitlines()]
     assert len(records) == 3
