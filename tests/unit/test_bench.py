@@ -104,9 +104,10 @@ def test_runner_resumes_records_errors_and_reports(tiny_task, tmp_path):
 
 
 def test_runner_records_typed_errors_and_goes_on(tiny_task, tmp_path):
-    agent = Agent(tiny_model("llama"), tiny_tokenizer(), "llama", context_window=260)  # aware reads: e0 fits, e1 and e2 do not
-    run(RunConfig(str(tiny_task), "fullkv(latent_steps=0, query_aware=True, max_new_tokens=2)", "llama"), tmp_path / "r",
-        progress=False, agent=agent)
+    # with aware reads (the question after each document) e0 fits the window, e1 and e2 do not
+    agent = Agent(tiny_model("llama"), tiny_tokenizer(), "llama", context_window=260)
+    spec = "fullkv(latent_steps=0, query_aware=True, max_new_tokens=2)"
+    run(RunConfig(str(tiny_task), spec, "llama"), tmp_path / "r", progress=False, agent=agent)
     records = [json.loads(l) for l in (tmp_path / "r" / "records.jsonl").read_text().splitlines()]
     assert len(records) == 3
     assert records[0]["error"] is None
