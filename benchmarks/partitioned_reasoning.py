@@ -5,11 +5,13 @@ order without knowing it?
 
 Two thinkers each hold half the premises of a shipped `reasoning` problem (`thinkers=2`). Cells: regime
 (query-blind / query-aware thinkers) × latent steps G. In each cell: BagMerge in both orders,
-CanonicalMerge (ascending mean K-norm, the default) and its descending ablation, and (once, outside the grid) text passing, PackLLM, a single agent reading every
-premise (fullcontext) and the judger alone. Runs through the bench runner (records under
+CanonicalMerge (ascending mean K-norm, the default) and its descending ablation, and (once, outside
+the grid) text passing, PackLLM, a single agent reading every premise (fullcontext) and the judger
+alone. Runs through the bench runner (records under
 runs/partitioned_<model>/, resumable). The claim tested: CanonicalMerge within a few points of the
 *best* BagMerge order in every cell; the sort direction is the ablation (with two thinkers, descending
-is, per problem, the order ascending did not choose). Writes docs/results/partitioned_reasoning_<model>.{md,json,png}.
+is, per problem, the order ascending did not choose).
+Writes docs/results/partitioned_reasoning_<model>.{md,json,png}.
 """
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ from latentwire.bench.runner import RunConfig, parse_protocols, run
 
 ROOT = Path(__file__).resolve().parents[1]
 RENDERS = {"bag (0,1)": "render='bag', order=(0, 1)", "bag (1,0)": "render='bag', order=(1, 0)",
-           "canonical": "render='canonical'", "canonical desc": "render='canonical', direction='descending'"}
+           "canonical": "render='canonical'",
+           "canonical desc": "render='canonical', direction='descending'"}
 BASELINES = ("text(report='notes')", "packllm", "fullcontext", "alone")
 
 
@@ -55,9 +58,11 @@ def main() -> None:
 
     cmd = f"python benchmarks/partitioned_reasoning.py --model {args.model} --n {args.n} --seed {args.seed} --steps {args.steps}"
     lines = [f"# Partitioned reasoning, 2 thinkers ({args.model}, {args.n} `reasoning` problems)", "",
-             f"Command: `{cmd}`", "", "Accuracy (contains the gold answer). Gap = CanonicalMerge (ascending, the default) − best BagMerge "
-             "order; canonical desc = the descending sort (the direction ablation).", "",
-             "| regime | G | bag (0,1) | bag (1,0) | canonical | canonical desc | gap to best bag | canonical order = best? |",
+             f"Command: `{cmd}`", "",
+             "Accuracy (contains the gold answer). Gap = CanonicalMerge (ascending, the default) − best "
+             "BagMerge order; canonical desc = the descending sort (the direction ablation).", "",
+             "| regime | G | bag (0,1) | bag (1,0) | canonical | canonical desc | gap to best bag "
+             "| canonical order = best? |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
     table = {}
     for aware, g in cells:
@@ -65,7 +70,8 @@ def main() -> None:
         best = max(a["bag (0,1)"], a["bag (1,0)"])
         table[f"{'aware' if aware else 'blind'}/G={g}"] = a
         lines.append(f"| {'query-aware' if aware else 'query-blind'} | {g} | {a['bag (0,1)']:.2f} | "
-                     f"{a['bag (1,0)']:.2f} | {a['canonical']:.2f} | {a['canonical desc']:.2f} | {100 * (a['canonical'] - best):+.0f} pp | "
+                     f"{a['bag (1,0)']:.2f} | {a['canonical']:.2f} | {a['canonical desc']:.2f} | "
+                     f"{100 * (a['canonical'] - best):+.0f} pp | "
                      f"{'yes' if a['canonical'] >= best else 'no'} |")
     lines += ["", "| baseline | accuracy |", "|---|---:|"] + [f"| {b} | {acc(b):.2f} |" for b in BASELINES]
     lines += ["", f"![accuracy per cell](partitioned_reasoning_{args.model}.png)"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..agent import Agent
-from .base import QUESTION_SUFFIX, SENDER_PROMPT, Outcome, register
+from .base import Outcome, register
 from .fullkv import FullKV
 
 
@@ -35,9 +35,7 @@ class LatentMASSequential(FullKV):
         for sender, doc in pairs[1:]:
             nbytes += len(state.to_bytes())  # the growing cache travels to the next agent
             t0 = time.perf_counter()
-            turn = SENDER_PROMPT.format(document=doc)
-            if self.query_aware:
-                turn += QUESTION_SUFFIX.format(question=question)
+            turn = self.sender_prompt(doc, question)  # the same read as a full-KV sender's, regime included
             state = sender.think(sender.extend(state, turn), self.latent_steps, self.latent_mode)
             seconds += time.perf_counter() - t0
             hops.append(len(state))
