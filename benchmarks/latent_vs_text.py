@@ -15,6 +15,7 @@ report (with paired verdicts); `README.md` in the output folder collects the ver
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -61,12 +62,26 @@ HEADLINE = [  # (a, b) rows of the summary table, when both ran
 def cell_episodes(cell: str, n: int, seed: int):
     """A cell's episodes: a pure function of (cell, n, seed)."""
     if cell == "code1":
-        single = [e for e in code.generate(seed, n=max(4 * n, 120)) if e.meta["scope"] == "single"]
-        if len(single) < n:
-            sys.exit(f"code1: the generator gave {len(single)} single-scope episodes, fewer than --n {n}")
-        return single[:n]
+        return code1_episodes(n, seed)
     kind, length = cell.split("_")
     return facts.episodes(seed, n, tokens=int(length), senders=3, hops=int(kind[-1]))
+
+
+def code1_episodes(n: int, seed: int, block: int = 160, max_blocks: int = 20) -> list:
+    """Single-scope `code` episodes, prefix-stable in n: block k is `code.generate(seed + k, n=block)`'s
+    single-scope episodes in order, each question kept once (a later block's repeat of a question is
+    skipped); episodes of block k ≥ 1 are renamed `code-b<k>-<i>` so ids stay unique."""
+    out, seen = [], set()
+    for k in range(max_blocks):
+        for e in code.generate(seed + k, n=block):
+            if e.meta["scope"] != "single" or e.question in seen:
+                continue
+            seen.add(e.question)
+            out.append(e if k == 0 else dataclasses.replace(e, id=f"code-b{k}-{e.id.removeprefix('code-')}"))
+            if len(out) == n:
+                return out
+    sys.exit(f"code1: {max_blocks} generator blocks gave {len(out)} distinct single-scope questions, fewer than "
+             f"--n {n}")
 
 
 def main() -> None:

@@ -1,13 +1,17 @@
-"""Train every translator of the translator grid (resumable; finished runs are skipped).
+"""Train the translators of the translator grid (resumable; finished runs are skipped).
 
-    python benchmarks/train_translators.py [--pairs gemma3-270m:smollm2-135m,...] [--methods xkv,lcfx,dense,c2c]
-                                           [--steps 100] [--steps-for dense=60,c2c=60]
-                                           [--batch 2] [--threads 1]
+    python benchmarks/train_translators.py [--pairs gemma3-270m:smollm2-135m,...]
+                                           [--methods xkv,lcfx,dense,dense_aware,c2c,c2c_input]
+                                           [--steps 500] [--steps-for c2c=300] [--batch 2] [--threads 2]
 
-Pairs (sharer:receiver) default to the grid of docs/results/translators.md: three ordered pairs covering
-the three families plus one same-model pair. Each run trains on both split-evidence tasks (facts two-hop,
-reasoning premise split) into runs/translators/<method>_<sharer>_<receiver>/ (checkpoint, optimizer,
-trainer.json) and draws its loss curves to loss.png there. Evaluate with benchmarks/translators.py.
+Pairs (sharer:receiver) default to the grid of docs/results/translators/: three ordered pairs covering
+the three families plus one same-model pair; the grid is meant to be filled one pair per sitting
+(`--pairs A:B`, then `python benchmarks/translators.py --pairs A:B`). Methods: XKV, LCF-X, dense alignment
+context-unaware and context-aware (`dense_aware`), C2C with its static gate and with its input-conditioned
+gate (`c2c_input`). Each run trains on both split-evidence tasks (facts two-hop, reasoning premise split)
+for `--steps` answer-loss steps (dense first adds steps // 3 of stage-I cache reconstruction) into
+runs/translators/<method>_<sharer>_<receiver>/ (checkpoint, optimizer, trainer.json with the wall time)
+and draws its loss curves to loss.png there.
 """
 from __future__ import annotations
 
@@ -23,8 +27,9 @@ from latentwire.training.trainer import TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = "gemma3-270m:smollm2-135m,qwen2.5-coder-0.5b:gemma3-270m,smollm2-135m:gemma3-270m,smollm2-135m:smollm2-135m"
-METHODS = "xkv,lcfx,dense,dense_aware,c2c"  # dense_aware: dense trained for (and marked) context-aware
-LR = {"xkv": 1e-3, "lcfx": 1e-3, "dense": 3e-3, "dense_aware": 3e-3, "c2c": 1e-3}
+# dense_aware: dense trained for (and marked) context-aware; c2c_input: C2C with its input-conditioned gate
+METHODS = "xkv,lcfx,dense,dense_aware,c2c,c2c_input"
+LR = {"xkv": 1e-3, "lcfx": 1e-3, "dense": 3e-3, "dense_aware": 3e-3, "c2c": 1e-3, "c2c_input": 1e-3}
 
 
 def run_dir(method: str, sharer: str, receiver: str) -> Path:
@@ -34,9 +39,11 @@ def run_dir(method: str, sharer: str, receiver: str) -> Path:
 def config(method: str, sharer: str, receiver: str, steps: int, batch: int) -> TrainConfig:
     dense = method.startswith("dense")
     stage1 = steps // 3 if dense else 0  # dense: cache reconstruction first, then the answer loss
-    return TrainConfig("dense" if dense else method, sharer, receiver, train_n=160, val_n=6, steps=steps + stage1,
-                       batch=batch, lr=LR[method], stage1_steps=stage1, eval_every=max(1, (steps + stage1) // 4),
-                       context_aware=method == "dense_aware")
+    base = "dense" if dense else method.removesuffix("_input")
+    return TrainConfig(base, sharer, receiver, train_n=160, val_n=6, steps=steps + stage1,
+                       batch=batch, lr=LR[method], stage1_steps=stage1, eval_every=max(1, (steps + stage1) // 5),
+                       context_aware=method == "dense_aware",
+                       params={"gate": "input"} if method == "c2c_input" else {})
 
 
 def plot(folder: Path) -> None:
@@ -67,11 +74,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", default=PAIRS)
     ap.add_argument("--methods", default=METHODS)
-    ap.add_argument("--steps", type=int, default=100)
-    ap.add_argument("--steps-for", default="dense=60,dense_aware=60,c2c=60", help="per-method answer-loss steps, e.g. c2c=60")
+    ap.add_argument("--steps", type=int, default=500, help="answer-loss steps (dense adds steps // 3 of stage I)")
+    ap.add_argument("--steps-for", default="", help="per-method answer-loss steps, e.g. c2c=300")
     ap.add_argument("--batch", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = ap.parse_args()
+    unknown = sorted(set(args.methods.split(",")) - set(LR))
+    if unknown:
+        ap.error(f"unknown methods {unknown}; valid: {', '.join(LR)}")
     torch.set_num_threads(args.threads)
     agents: dict[str, Agent] = {}
     cache = StateCache()

@@ -1,16 +1,22 @@
 """Heterogeneous translators vs text, per ordered model pair and task (docs/methods.md#translators).
 
-    python benchmarks/train_translators.py            # first: train the grid (resumable)
-    python benchmarks/translators.py [--n 16] [--pairs ...] [--tasks facts,reasoning]
+    python benchmarks/train_translators.py --pairs A:B     # first: train the pair's translators (resumable)
+    python benchmarks/translators.py --pairs A:B [--n 64] [--tasks facts,reasoning]
+    python benchmarks/translators.py --report-only         # rebuild the grid page from the committed cells
     python benchmarks/translators.py --timing-only [--pairs ...] [--calls 50]   # seconds: XKV vs LCF-X only
 
-For each ordered pair (sharer:receiver) and split-evidence task, on held-out test pairs: the receiver
-alone (its own half), T2T (the sharer's notes as text), XKV, LCF-X, dense alignment context-unaware
-and context-aware, C2C (both read both documents) and one agent reading both documents (the ceiling).
-Records under runs/translators_eval/<sharer>_<receiver>_<task>/ (resumable). Writes
-docs/results/translators.{md,json} and PNGs (accuracy per pair; every run's loss curves), then
-checks the paper's claims at this scale: XKV > LCF-X > T2T on macro score; the XKV translator
-≥ 10x faster than the LCF-X fuser with ≤ 24% of its parameters; end to end faster than T2T.
+For each ordered pair (sharer:receiver) and split-evidence task, on `--n` held-out test pairs: the
+receiver alone (its own half), T2T (the sharer's notes as text), XKV, LCF-X, dense alignment
+context-unaware and context-aware, C2C with its static and its input-conditioned gate (both models read
+both documents: a shared-context method, compared with full context) and one agent reading both
+documents. Every trained method needs its checkpoint (runs/translators/, from train_translators.py).
+
+The grid fills pair by pair, in as many sittings as it takes: each (pair, task) is a resumable cell
+folder under `--grid` (docs/results/translators/<sharer>_<receiver>_<task>/: config, records) and each
+training log is copied to `--grid`/training/, so the page (`translators_report.py`: macro accuracy per
+method with 95% stratified bootstrap CIs, paired verdicts with exact McNemar p, per-pair tables, loss
+curves) is rebuilt from whatever cells exist, whichever machine ran them. The checkpoints themselves
+stay under runs/ (tens of MB each).
 
 Translator speed, per pair (`latentwire.translate.timing`): XKV and the LCF-X fuser run on the same
 states (the sharer's and the receiver's prefill of the first held-out pair of the first task),
@@ -23,8 +29,11 @@ depend on the weights). `--timing-only` runs just this and writes translators_ti
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import shutil
 import statistics
+import sys
 from pathlib import Path
 
 import torch
@@ -42,18 +51,28 @@ from latentwire.translate.timing import MIN_CALLS, compare
 from train_translators import PAIRS, run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
+GRID = ROOT / "docs" / "results" / "translators"  # one folder per evaluated (pair, task) + training/, committed
 TRAINED = (("xkv", "xkv", False), ("lcfx", "lcfx", False), ("dense", "dense", False),
-           ("dense (aware)", "dense_aware", True), ("c2c", "c2c", False))
+           ("dense (aware)", "dense_aware", True), ("c2c", "c2c", False), ("c2c (input gate)", "c2c_input", False))
 ROWS = ("alone", "t2t") + tuple(label for label, _, _ in TRAINED) + ("fullcontext",)
 
 
-def protocols(sharer: str, receiver: str) -> dict[str, str]:
-    """Row label -> pair-protocol spec (translated rows only where a trained checkpoint exists)."""
+def protocols(sharer: str, receiver: str, methods: list[str] | None = None) -> dict[str, str]:
+    """Row label -> pair-protocol spec; every trained method of `methods` (default: all) must have its
+    checkpoint (a missing one is an error naming the command that trains it, never a silently shorter table).
+    Checkpoint paths are relative to the repository root, so records and configs do not name a machine."""
     out = {"alone": "alone", "t2t": "t2t", "fullcontext": "fullcontext"}
+    missing = []
     for label, method, aware in TRAINED:
+        if methods is not None and method not in methods:
+            continue
         folder = run_dir(method, sharer, receiver)
-        if (folder / "translator.safetensors").exists():
-            out[label] = f"translated(checkpoint={str(folder)!r}, context_aware={aware})"
+        if not (folder / "translator.safetensors").exists():
+            missing.append(method)
+        out[label] = f"translated(checkpoint={folder.relative_to(ROOT).as_posix()!r}, context_aware={aware})"
+    if missing:
+        sys.exit(f"{sharer} -> {receiver}: no trained checkpoint for {', '.join(missing)}; first run "
+                 f"python benchmarks/train_translators.py --pairs {sharer}:{receiver} --methods {','.join(missing)}")
     return out
 
 
@@ -149,166 +168,55 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", default=PAIRS)
     ap.add_argument("--tasks", default="facts,reasoning")
-    ap.add_argument("--n", type=int, default=16)
+    ap.add_argument("--n", type=int, default=64, help="held-out pairs per (model pair, task)")
+    ap.add_argument("--methods", default=None, help="trained methods to evaluate (default: all; each needs its "
+                    "checkpoint)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--timing-only", action="store_true",
                     help="only the XKV vs LCF-X forward time and parameters per pair (seconds)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="only rebuild the grid page from the cells already in --grid (no model loads)")
     ap.add_argument("--calls", type=int, default=MIN_CALLS, help=f"timed calls per translator (≥ {MIN_CALLS})")
     ap.add_argument("--warmup", type=int, default=5, help="untimed rounds first")
-    ap.add_argument("--out", default=str(ROOT / "docs" / "results"), help="folder of the result files")
+    ap.add_argument("--out", default=str(ROOT / "docs" / "results"), help="folder of the timing result files")
+    ap.add_argument("--grid", type=Path, default=GRID, help="folder of the evaluated cells and the grid page")
     args = ap.parse_args(argv)
     if args.calls < MIN_CALLS:
         ap.error(f"--calls must be ≥ {MIN_CALLS}")
+    args.grid = args.grid.resolve()
     torch.set_num_threads(args.threads)
     if args.timing_only:
         timing_only(args)
         return
+    if not args.report_only:
+        evaluate(args)
+    from translators_report import write_page
+
+    write_page(args.grid)
+
+
+def evaluate(args) -> None:
+    """Each pair × task into `args.grid/<sharer>_<receiver>_<task>/` (resumable), its training logs beside."""
+    methods = args.methods.split(",") if args.methods else None
+    specs = {}
+    for spec in args.pairs.split(","):  # every checkpoint is checked before any model loads
+        sharer, receiver = spec.split(":")
+        specs[spec] = protocols(sharer, receiver, methods)
     agents: dict[str, Agent] = {}
-    results = {}  # pair -> task -> row -> metrics
-    timings = {}  # pair -> XKV vs LCF-X forward time and parameters
-    for spec, sharer, receiver in timed_pairs(args, agents, timings):
-        specs = protocols(sharer, receiver)
+    for spec in args.pairs.split(","):
+        sharer, receiver = spec.split(":")
+        for name in (sharer, receiver):
+            if name not in agents:
+                agents[name] = agent(name)
         for task in args.tasks.split(","):
-            out = ROOT / "runs" / "translators_eval" / f"{sharer}_{receiver}_{task}"
-            run_pairs(sharer, receiver, task, ",".join(specs.values()), args.n, out,
-                      sharer=agents[sharer], receiver=agents[receiver])
-            records = read_records(out)
-            by_label = {}
-            for label, s in specs.items():
-                key = next(iter(parse_protocols(s)))  # the runner's normalised label of this spec
-                rs = [r for r in records if r["protocol"] == key]
-                by_label[label] = {
-                    "n": len(rs), "accuracy": mean(r["accuracy"] for r in rs), "em": mean(r["em"] for r in rs),
-                    "f1": mean(r["f1"] for r in rs), "tteoa_s": median(r["tteoa"] for r in rs),
-                    "translator_ms": median(r.get("details", {}).get("translator_ms") for r in rs),
-                    "parameters": next((r["details"]["parameters"] for r in rs
-                                        if r.get("details", {}).get("parameters")), None),
-                    "errors": sum(bool(r.get("error")) for r in rs)}
-            results.setdefault(spec, {})[task] = by_label
-    write(results, args, timings)
-
-
-def write(results: dict, args, timings: dict | None = None) -> None:
-    tasks = args.tasks.split(",")
-    cmd = f"python benchmarks/translators.py --n {args.n} --pairs {args.pairs} --tasks {args.tasks}"
-    lines = ["# Heterogeneous translators vs text", "", f"Command: `{cmd}` (after "
-             "`python benchmarks/train_translators.py`)", "",
-             f"{args.n} held-out split-evidence pairs per task (documents never seen in training). Accuracy = the "
-             "gold answer occurs in the reply; EM / F1 as SQuAD. Macro = mean accuracy over tasks. TTEOA: slowest of "
-             "(sharer's work, receiver's own prefill) + translator + answer, median seconds. Translator: forward "
-             "time (median ms) and trainable parameters.", ""]
-    macro = {}
-    for pair, per_task in results.items():
-        lines += [f"## {pair.replace(':', ' → ')}", "",
-                  "| method | " + " | ".join(f"{t} acc" for t in tasks) + " | macro | EM | F1 | TTEOA s | "
-                  "translator ms | params |", "|---|" + "---:|" * (len(tasks) + 6)]
-        for row in ROWS:
-            cells = [per_task[t].get(row) for t in tasks]
-            if not all(cells):
-                continue
-            m = mean(c["accuracy"] for c in cells)
-            macro.setdefault(row, []).append(m)
-            lines.append(f"| {row} | " + " | ".join(f"{c['accuracy']:.2f}" for c in cells) + f" | {m:.2f} | "
-                         f"{mean(c['em'] for c in cells):.2f} | {mean(c['f1'] for c in cells):.2f} | "
-                         f"{mean(c['tteoa_s'] for c in cells):.2f} | "
-                         + (f"{mean(c['translator_ms'] for c in cells):.1f}" if cells[0]["translator_ms"] ==
-                            cells[0]["translator_ms"] else "–")
-                         + f" | {cells[0]['parameters'] or 0:,d} |")
-        lines.append("")
-    lines += ["## Macro accuracy over all pairs and tasks", "", "| method | macro |", "|---|---:|"]
-    lines += [f"| {row} | {mean(v):.3f} |" for row, v in macro.items()]
-    if timings:
-        lines += ["", f"## Translator forward time: XKV vs LCF-X ({args.calls} interleaved calls, same inputs)", ""]
-        lines += timing_table(timings)
-    lines += ["", "## The paper's claims at this scale", ""] + claims(results, tasks, macro, timings)
-    lines += ["", "## Training runs (`benchmarks/train_translators.py`)", "",
-              "| method | sharer → receiver | steps (stage I + answer) | batch | params | val loss first → last eval |",
-              "|---|---|---:|---:|---:|---|"]
-    for path in sorted((ROOT / "runs" / "translators").glob("*/trainer.json")):
-        log = json.loads(path.read_text())
-        c = log["config"]
-        lines.append(f"| {c['method']} | {c['sharer']} → {c['receiver']} | {c['stage1_steps']} + "
-                     f"{c['steps'] - c['stage1_steps']} | {c['batch']} | {log.get('parameters', 0):,d} | "
-                     f"{log['val'][0][1]:.2f} (step {log['val'][0][0]}) → {log['val'][-1][1]:.2f} |")
-    lines += ["", "![accuracy](translators.png)", "", "![loss curves](translators_loss.png)"]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "translators.md").write_text(text)
-    (out / "translators.json").write_text(json.dumps({"command": cmd, "results": results,
-                                                      "macro": {k: mean(v) for k, v in macro.items()},
-                                                      "timing": timings or {}}, indent=1) + "\n")
-    plots(results, tasks, out)
-
-
-def claims(results: dict, tasks: list[str], macro: dict, timings: dict | None = None) -> list[str]:
-    m = {k: mean(v) for k, v in macro.items()}
-    out = []
-    if {"xkv", "lcfx", "t2t"} <= set(m):
-        ok = m["xkv"] > m["lcfx"] > m["t2t"]
-        out.append(f"- XKV > LCF-X > T2T on macro accuracy: {m['xkv']:.3f} / {m['lcfx']:.3f} / {m['t2t']:.3f} → "
-                   f"{'holds' if ok else 'does NOT hold'} here.")
-    speed, share, e2e = [], [], []
-    for pair, per_task in results.items():
-        cells = [per_task[t] for t in tasks]
-        if all("xkv" in c and "lcfx" in c for c in cells):
-            x, lc = mean(c["xkv"]["translator_ms"] for c in cells), mean(c["lcfx"]["translator_ms"] for c in cells)
-            speed.append((pair, lc / x))
-            share.append((pair, cells[0]["xkv"]["parameters"] / cells[0]["lcfx"]["parameters"]))
-        if all("xkv" in c and "t2t" in c for c in cells):
-            e2e.append((pair, mean(c["t2t"]["tteoa_s"] for c in cells) / mean(c["xkv"]["tteoa_s"] for c in cells)))
-    if timings:  # the dedicated measurement (same inputs, ≥ 50 calls) replaces the per-episode medians
-        speed = [(p, t["time_ratio"]) for p, t in timings.items()]
-        share = [(p, t["param_ratio"]) for p, t in timings.items()]
-    if speed:
-        out.append("- XKV translator vs the LCF-X fuser, forward time (LCF-X ÷ XKV; target ≥ 10×): "
-                   + ", ".join(f"{p} {v:.1f}×" for p, v in speed))
-        out.append("- XKV parameters as a share of LCF-X's (target ≤ 24%): "
-                   + ", ".join(f"{p} {100 * v:.0f}%" for p, v in share))
-    if e2e:
-        out.append("- End to end, T2T TTEOA ÷ XKV TTEOA (the paper: 6.8×): " + ", ".join(f"{p} {v:.1f}×" for p, v in e2e))
-    if {"dense", "dense (aware)"} <= set(m):
-        out.append(f"- Dense alignment, context-unaware {m['dense']:.3f} vs context-aware {m['dense (aware)']:.3f} "
-                   f"(receiver alone {m.get('alone', float('nan')):.3f}, one agent reading both "
-                   f"{m.get('fullcontext', float('nan')):.3f}).")
-    return out
-
-
-def plots(results: dict, tasks: list[str], out: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    pairs = list(results)
-    fig, axes = plt.subplots(1, len(pairs), figsize=(4.2 * len(pairs), 3.6), sharey=True, squeeze=False)
-    for ax, pair in zip(axes[0], pairs):
-        rows = [r for r in ROWS if all(r in results[pair][t] for t in tasks)]
-        for k, t in enumerate(tasks):
-            ax.bar([i + 0.4 * (k - 0.5) for i in range(len(rows))], [results[pair][t][r]["accuracy"] for r in rows],
-                   width=0.4, label=t)
-        ax.set_xticks(range(len(rows)), rows, rotation=60, fontsize=7)
-        ax.set(title=pair.replace(":", " → "), ylim=(0, 1))
-    axes[0][0].set_ylabel("accuracy")
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "translators.png", dpi=110)
-    plt.close(fig)
-    logs = sorted((ROOT / "runs" / "translators").glob("*/trainer.json"))
-    if logs:
-        fig, axes = plt.subplots(1, 4, figsize=(16, 3.4), squeeze=False)
-        for log_path in logs:
-            log = json.loads(log_path.read_text())
-            c = log["config"]
-            ax = axes[0][["xkv", "lcfx", "dense", "c2c"].index(c["method"])]
-            ax.plot([s for s, _ in log["val"]], [v for _, v in log["val"]], "o-", label=f"{c['sharer']}→{c['receiver']}")
-            ax.set(title=f"{c['method']}: validation answer loss", xlabel="step")
-        for ax in axes[0]:
-            ax.legend(fontsize=6)
-        fig.tight_layout()
-        fig.savefig(out / "translators_loss.png", dpi=110)
-        plt.close(fig)
+            with contextlib.chdir(ROOT):  # the specs name checkpoints relative to the repository root
+                run_pairs(sharer, receiver, task, ",".join(specs[spec].values()), args.n,
+                          args.grid / f"{sharer}_{receiver}_{task}", sharer=agents[sharer], receiver=agents[receiver])
+        (args.grid / "training").mkdir(parents=True, exist_ok=True)
+        for _, method, _ in TRAINED:  # the checkpoints stay under runs/ (tens of MB); their logs travel with the cells
+            log = run_dir(method, sharer, receiver) / "trainer.json"
+            if log.exists() and (methods is None or method in methods):
+                shutil.copyfile(log, args.grid / "training" / f"{method}_{sharer}_{receiver}.json")
 
 
 if __name__ == "__main__":

@@ -165,6 +165,18 @@ def test_paired_statistics():
         paired_bootstrap_diff([1], [1, 0])
 
 
+def test_stratified_bootstrap():
+    from latentwire.bench.metrics import stratified_bootstrap_ci
+
+    xs = [1, 0, 1, 1, 0, 1, 0, 0, 1]
+    assert stratified_bootstrap_ci([xs]) == bootstrap_ci(xs)  # one stratum: the plain bootstrap, same draws
+    # cells weigh equally whatever their sizes (macro, not micro), and constant cells have no spread
+    assert stratified_bootstrap_ci([[1, 1], [0] * 8]) == (0.5, 0.5, 0.5)
+    m, lo, hi = stratified_bootstrap_ci([[1, 0, 1, 0], [1, 1, 1, 1]], seed=3)
+    assert m == 0.75 and 0.5 <= lo <= m <= hi <= 1.0
+    assert stratified_bootstrap_ci([[], [1.0]]) == (1.0, 1.0, 1.0)  # empty cells are left out
+
+
 def test_default_verdict_pairs_and_report_table(tiny_task, tmp_path):
     from latentwire.bench.report import default_pairs
 

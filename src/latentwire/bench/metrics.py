@@ -120,3 +120,20 @@ def median_ratio_ci(num: Sequence[float], den: Sequence[float], n_resamples: int
     if len(num) != len(den):
         raise ValueError(f"paired samples differ in length: {len(num)} vs {len(den)}")
     return bootstrap_median_ci([float(x) / float(y) for x, y in zip(num, den)], n_resamples, seed, level)
+
+
+def stratified_bootstrap_ci(strata: Sequence[Sequence[float]], n_resamples: int = 2000, seed: int = 0,
+                            level: float = 0.95) -> tuple[float, float, float]:
+    """(mean of the strata's means, low, high): each resample redraws every stratum from itself (e.g. the
+    episodes of each (model pair, task) cell), so a macro average keeps its cells' weights. One stratum
+    gives exactly `bootstrap_ci`. Paired differences: pass per-stratum differences a_i - b_i."""
+    cells = [[float(v) for v in s] for s in strata if len(s)]
+    if not cells:
+        return float("nan"), float("nan"), float("nan")
+    macro = sum(sum(c) / len(c) for c in cells) / len(cells)
+    rng = random.Random(seed)
+    means = sorted(sum(sum(rng.choices(c, k=len(c))) / len(c) for c in cells) / len(cells)
+                   for _ in range(n_resamples))
+    lo = means[int((1 - level) / 2 * n_resamples)]
+    hi = means[min(n_resamples - 1, int((1 + level) / 2 * n_resamples))]
+    return macro, lo, hi

@@ -1,0 +1,87 @@
+"""The translator grid's page (benchmarks/translators_report.py) is rebuilt from cell folders alone: rows are
+named by their checkpoints, macro accuracy weighs cells equally, verdicts pair episodes by id, and a pair
+whose checkpoints are missing is refused before any model loads (benchmarks/translators.py)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _cell(grid: Path, sharer: str, receiver: str, task: str, accs: dict[str, list[int]]) -> None:
+    folder = grid / f"{sharer}_{receiver}_{task}"
+    folder.mkdir(parents=True)
+    protocols, records = {}, []
+    for row, xs in accs.items():
+        if row in ("alone", "t2t", "fullcontext"):
+            label, spec = row, {"name": row, "params": {}}
+        else:
+            ckpt = f"runs/translators/{row}_{sharer}_{receiver}"
+            label = f"translated(checkpoint={ckpt!r}, context_aware=False)"
+            spec = {"name": "translated", "params": {"checkpoint": ckpt, "context_aware": False}}
+        protocols[label] = spec
+        records += [{"pair": f"{task}-test-{i:04d}", "protocol": label, "accuracy": x, "tteoa": 1.0 + i,
+                     "details": {"translator_ms": 5.0, "parameters": 10} if spec["name"] == "translated" else {},
+                     "error": None} for i, x in enumerate(xs)]
+    (folder / "config.json").write_text(json.dumps({"config": {"sharer": sharer, "receiver": receiver, "task": task,
+                                                               "n": len(xs), "protocols": protocols}}))
+    (folder / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def test_page_from_cells(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import translators_report as tr
+
+    _cell(tmp_path, "a", "b", "facts", {"t2t": [0, 0, 0, 0], "xkv": [1, 1, 1, 1], "lcfx": [1, 0, 1, 0]})
+    _cell(tmp_path, "a", "b", "reasoning", {"t2t": [1, 1], "xkv": [1, 0], "lcfx": [0, 0]})
+    cells = tr.collect(tmp_path)
+    assert set(cells[("a:b", "facts")]) == {"t2t", "xkv", "lcfx"}  # rows named by their checkpoint folders
+    m, lo, hi, k, n = tr.macro(cells, "xkv")
+    assert (m, k, n) == (0.75, 2, 6) and lo <= m <= hi  # (1 + 0.5) / 2: cells weigh equally
+    v = tr.paired(cells, "xkv", "lcfx")  # facts: +0.5, reasoning: +0.5; 3 episodes only xkv right, 0 only lcfx
+    assert v["diff"] == pytest.approx(0.5) and v["n"] == 6 and v["p"] == pytest.approx(2 / 8)
+    text = tr.write_page(tmp_path)
+    assert "| xkv | 0.750 [" in text and "XKV > LCF-X | xkv − lcfx | +50.0 pp" in text
+    assert "not yet:" in text  # the grid's own pairs are listed as pending
+    assert (tmp_path / "README.md").exists() and (tmp_path / "accuracy.png").exists()
+    assert json.loads((tmp_path / "grid.json").read_text())["pairs"] == ["a:b"]
+
+
+def test_missing_checkpoint_is_refused_with_the_command(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import translators
+
+    with pytest.raises(SystemExit, match="train_translators.py --pairs nope-a:nope-b --methods xkv,lcfx"):
+        translators.protocols("nope-a", "nope-b", ["xkv", "lcfx"])
+
+
+def test_evaluate_a_tiny_pair_end_to_end(tmp_path, monkeypatch):
+    """Train one tiny XKV, evaluate the pair into a grid folder, rebuild the page: the cell names the
+    checkpoint relative to the root, the training log travels with it, and a rerun resumes (no new records)."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import translators
+    from latentwire.training.states import StateCache
+    from latentwire.training.trainer import TrainConfig, train
+
+    monkeypatch.setattr(translators, "ROOT", tmp_path)
+    monkeypatch.setattr(translators, "run_dir", lambda m, s, r: tmp_path / "runs" / f"{m}_{s}_{r}")
+    cfg = TrainConfig("xkv", "tiny-gemma3", "tiny-llama", tasks=("reasoning",), train_n=2, val_n=1, steps=1, batch=1,
+                      eval_every=1)
+    train(cfg, tmp_path / "runs" / "xkv_tiny-gemma3_tiny-llama", translators.agent("tiny-gemma3"),
+          translators.agent("tiny-llama"), StateCache(tmp_path / "cache"), progress=False)
+    argv = ["--pairs", "tiny-gemma3:tiny-llama", "--methods", "xkv", "--n", "2", "--tasks", "reasoning",
+            "--threads", "1", "--grid", str(tmp_path / "grid")]
+    translators.main(argv)
+    cell = tmp_path / "grid" / "tiny-gemma3_tiny-llama_reasoning"
+    config = json.loads((cell / "config.json").read_text())["config"]
+    assert "translated(checkpoint='runs/xkv_tiny-gemma3_tiny-llama', context_aware=False)" in config["protocols"]
+    records = (cell / "records.jsonl").read_text().splitlines()
+    assert len(records) == 4 * 2  # alone, t2t, fullcontext, xkv × 2 held-out pairs
+    assert (tmp_path / "grid" / "training" / "xkv_tiny-gemma3_tiny-llama.json").exists()
+    page = (tmp_path / "grid" / "README.md").read_text()
+    assert "| xkv |" in page and "tiny-gemma3 → tiny-llama" in page and "## Training runs" in page
+    translators.main(argv)  # resumes: nothing to add
+    assert (cell / "records.jsonl").read_text().splitlines() == records
