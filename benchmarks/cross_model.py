@@ -21,6 +21,7 @@ Each task folder gets records.jsonl, config.json, report.md (paired verdicts: ac
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
@@ -32,8 +33,10 @@ from latent_vs_text import cell_episodes, ensure_episodes  # noqa: E402  (the la
 from latentwire.agent import Agent  # noqa: E402
 from latentwire.bench.report import compare, verdict  # noqa: E402
 from latentwire.bench.runner import environment, finished, run_episode  # noqa: E402
+from latentwire.errors import LatentWireError  # noqa: E402
 from latentwire.protocols import get_protocol  # noqa: E402
 from latentwire.protocols.reads import shared_reads  # noqa: E402
+from latentwire.translate.latent_map import LatentMap  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "docs" / "results" / "cross_model"
@@ -70,6 +73,28 @@ def plan(pairs: list[tuple[str, str]], ratios: list[int], maps: Path | None) -> 
     return rows
 
 
+def check_maps(rows, agents: dict[str, Agent]) -> dict[str, dict]:
+    """Every latent map the plan uses, loaded and checked against its sender and receiver models and the
+    senders' latent mode (exit naming both models otherwise); returns each map's identity (SHA-256 of its
+    weights and its fit header), which a resumed folder must match."""
+    out = {}
+    for _, a, b, spec in rows:
+        if "latent_map" not in spec or f"{a}_{b}" in out:
+            continue
+        folder = Path(spec["latent_map"])
+        try:
+            m = LatentMap.load(folder, expect=(agents[a], agents[b]))
+        except LatentWireError as e:
+            sys.exit(f"{folder}: {e}")
+        mode = get_protocol(spec["name"], **{k: v for k, v in spec.items() if k != "name"}).latent_mode
+        if m.latent_mode != mode:
+            sys.exit(f"{folder}: fitted on {m.latent_mode!r} latent rows of {a}, but {a}'s senders think with {mode!r}")
+        header = json.loads((folder / "latent_map.json").read_text())
+        out[f"{a}_{b}"] = {"sha256": hashlib.sha256((folder / "latent_map.safetensors").read_bytes()).hexdigest(),
+                           **{k: header[k] for k in ("ridge", "samples", "texts", "latent_mode", "shift")}}
+    return out
+
+
 def verdict_pairs(pairs: list[tuple[str, str]], ratios: list[int], labels: set[str]) -> list[tuple[str, str]]:
     out = []
     for a, b in pairs:
@@ -82,10 +107,10 @@ def verdict_pairs(pairs: list[tuple[str, str]], ratios: list[int], labels: set[s
     return out
 
 
-def report(folder: Path, pairs, ratios, cmd: str) -> str:
+def report(folder: Path, pairs, ratios, cmds: list[str]) -> str:
     records = [json.loads(l) for l in (folder / "records.jsonl").read_text().splitlines() if l.strip()]
     labels = list(dict.fromkeys(r["protocol"] for r in records))
-    lines = [f"# Cross-model CacheBack: {folder.name}", "", f"Command: `{cmd}`", "",
+    lines = [f"# Cross-model CacheBack: {folder.name}", "", "Commands: " + "; ".join(f"`{c}`" for c in cmds), "",
              "| protocol | n | errors | accuracy | evidence recall | median bytes | median TTEOA s "
              "| median slowest sender s |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -135,6 +160,7 @@ def main() -> None:
     protocols = {label: get_protocol(spec["name"], **{k: v for k, v in spec.items() if k != "name"})
                  for label, _, _, spec in rows}  # every spec validated before any model loads
     agents = {m: Agent.from_pretrained(m, dtype=args.dtype) for m in dict.fromkeys(x for p in pairs for x in p)}
+    maps = check_maps(rows, agents)  # a map of another pair or latent mode stops the run before any episode
     cmd = " ".join(["python benchmarks/cross_model.py"] + sys.argv[1:])
     for task in tasks:
         folder = args.out / task
@@ -143,18 +169,24 @@ def main() -> None:
         ensure_episodes(folder / "episodes.jsonl", episodes)  # refuses another seed's episodes in the folder
         config = {"task": task, "n": args.n, "seed": args.seed, "pairs": pairs, "ratios": ratios,
                   "protocols": {label: {"sender": a, "receiver": b} | spec for label, a, b, spec in rows},
-                  "dtype": {m: str(ag.dtype) for m, ag in agents.items()}, "environment": environment(), "resumed": []}
+                  "dtype": {m: str(ag.dtype) for m, ag in agents.items()}, "latent_maps": maps,
+                  "environment": environment(), "resumed": []}
         cfg_path, done = folder / "config.json", finished(folder / "records.jsonl", "episode")
         if done and cfg_path.exists():  # resuming: keep the first run's environment, log this one's
             first = json.loads(cfg_path.read_text())
             clash = {m: d for m, d in config["dtype"].items() if first["dtype"].get(m, d) != d}
             if clash:
                 sys.exit(f"{folder} holds records of {sorted(clash)} in another dtype; use a new --out")
+            refit = sorted(k for k, v in maps.items() if first.get("latent_maps", {}).get(k, v) != v)
+            if refit:
+                sys.exit(f"{folder} holds spans+latent records made with other latent maps for {refit} (another "
+                         "fit or folder); use a new --out, or the maps these records were made with")
             config |= {"n": max(first["n"], args.n), "environment": first["environment"],
                        "resumed": first.get("resumed", []) + [config["environment"]],
                        "pairs": first["pairs"] + [list(p) for p in pairs if list(p) not in first["pairs"]],
                        "ratios": sorted(set(first["ratios"]) | set(ratios)),
-                       "protocols": first["protocols"] | config["protocols"], "dtype": first["dtype"] | config["dtype"]}
+                       "protocols": first["protocols"] | config["protocols"], "dtype": first["dtype"] | config["dtype"],
+                       "latent_maps": first.get("latent_maps", {}) | maps}
         cfg_path.write_text(json.dumps(config, indent=2) + "\n")
         t0 = time.perf_counter()
         with (folder / "records.jsonl").open("a", encoding="utf-8") as f:
@@ -167,8 +199,11 @@ def main() -> None:
                         f.write(json.dumps(rec | {"sender_model": a, "receiver_model": b}, ensure_ascii=False) + "\n")
                         f.flush()
                 print(f"{task}: episode {i + 1}/{len(episodes)} ({time.perf_counter() - t0:.0f} s)", flush=True)
-        (folder / "command.txt").write_text(cmd + "\n")
-        print(report(folder, [tuple(p) for p in config["pairs"]], config["ratios"], cmd))  # resumes' union
+        path = folder / "command.txt"  # every command that added records to this folder, in order
+        cmds = path.read_text().splitlines() if path.exists() else []
+        cmds += [cmd] if cmd not in cmds else []
+        path.write_text("\n".join(cmds) + "\n")
+        print(report(folder, [tuple(p) for p in config["pairs"]], config["ratios"], cmds))  # resumes' union
 
 
 if __name__ == "__main__":

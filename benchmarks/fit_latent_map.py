@@ -3,8 +3,9 @@
     python benchmarks/fit_latent_map.py --sender qwen2.5-coder-0.5b --receiver smollm2-135m --n-texts 60 \
         --out runs/latent_maps/qwen2.5-coder-0.5b_smollm2-135m
 
-Texts: sender contexts of freshly generated `facts` episodes (seed 1 by default: the committed benchmark
-episodes are seed 0, so the map never sees an evaluation document), each wrapped as a sender reads it
+Texts: sender contexts of freshly generated `facts` episodes (seed 1 by default; the committed task data
+is seed 0 and the benchmark cells of latent_vs_text.py / cross_model.py are seed 2026, so the map never sees
+an evaluation document; it is fitted on prose and also used on `code`), each wrapped as a sender reads it
 (SENDER_PROMPT). Writes the map (`LatentMap.save`: latent_map.safetensors + latent_map.json) to --out and
 a fit.json beside it with the held-out fit quality: mean cosine and relative error of x W + b against the
 receiver's embeddings, on --heldout further texts. Use it with

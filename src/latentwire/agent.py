@@ -184,15 +184,21 @@ class Agent:
         if needed > self.context_window:
             raise ContextOverflowError(needed, self.context_window, parts)
 
+    def _clock(self) -> float:
+        """Seconds, after the device has finished the work queued so far (CUDA runs asynchronously)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
     def _record(self, op, t0, rows_in, tokens_out, context) -> None:
-        self.calls.append(CallRecord(op, time.perf_counter() - t0, rows_in, tokens_out, context))
+        self.calls.append(CallRecord(op, self._clock() - t0, rows_in, tokens_out, context))
 
     # -- the three verbs --------------------------------------------------------------------
     @torch.inference_mode()
     def prefill(self, chat: Chat, add_generation_prompt: bool = True, rows: Rows | None = None) -> KVState:
         """Prefill a chat into a fresh state. With `rows`, the chat text holds `SLOT` once and the received
         rows are re-prefilled there (a chain hop reading the previous hop's message with its own input)."""
-        t0 = time.perf_counter()
+        t0 = self._clock()
         if rows is None:
             ids = self.ids(self.chat_ids(chat, add_generation_prompt))
             inputs, latents = {"ids": ids}, None
@@ -217,7 +223,7 @@ class Agent:
             raise ValueError(f"latent steps must be ≥ 0, got {steps}")
         if mode not in LATENT_MODES:
             raise UnknownNameError("latent mode", mode, LATENT_MODES)
-        t0 = time.perf_counter()
+        t0 = self._clock()
         if steps == 0:  # explicit: the message is then the prefill state alone, never "no message"
             log.info("think(steps=0): no latent steps; the state (%d rows) is sent as prefilled", len(state))
             self._record("think", t0, 0, 0, len(state))
@@ -268,7 +274,7 @@ class Agent:
         assistant turn the state ends in is closed by this model's own template, the turn is read after it
         and a new assistant turn opened (`continuation_text`). LatentMAS's sequential chain: each agent
         reads its input after the previous agents' state and thinks on."""
-        t0 = time.perf_counter()
+        t0 = self._clock()
         self.geometry.check_same(state.geometry)
         ids = self.tokenizer(self.continuation_text(user), add_special_tokens=False)["input_ids"]
         self._check_window(state=len(state), prompt=len(ids))
@@ -283,12 +289,12 @@ class Agent:
     @torch.inference_mode()
     def answer(self, question: Chat, message: Message = None, max_new_tokens: int = 48) -> Answer:
         """Greedy answer to `question`, given an optional message (text, Rows or a full-KV state)."""
-        t0 = time.perf_counter()
+        t0 = self._clock()
         cache, start, inputs, n_msg, prompt_tokens = self._receiver_input(question, message, max_new_tokens)
         hidden = self._forward(cache, start, **inputs)
-        t1 = time.perf_counter()
+        t1 = self._clock()
         out = self._decode(cache, start + hidden.shape[0], hidden[-1], max_new_tokens)
-        t2 = time.perf_counter()
+        t2 = self._clock()
         context = n_msg + prompt_tokens + len(out)
         self._record("answer", t0, n_msg + prompt_tokens, len(out), context)
         return Answer(self.tokenizer.decode(out, skip_special_tokens=True).strip(), tuple(out), prompt_tokens,
@@ -300,7 +306,7 @@ class Agent:
         (for perplexity). Logits are computed `chunk` rows at a time: (chunk, V) at most in memory."""
         ids = self.ids(self.chat_ids(prompt))
         self._check_window(prompt=len(ids), max_new_tokens=max_new_tokens)
-        t0 = time.perf_counter()
+        t0 = self._clock()
         cache = self.new_cache()
         hidden = self._forward(cache, 0, ids=ids)  # (n, d)
         nll = torch.cat([torch.nn.functional.cross_entropy(self.logits(h).float(), t, reduction="none")

@@ -90,6 +90,10 @@ def test_sent_spans_merge_consecutive_rows_and_keep_untokenised_gaps():
     assert sent_spans(per_row, rows) == ((0, 7), (12, 15))  # rows 1, 2 follow each other: one span over the gap
     assert sent_spans(per_row, torch.tensor([2, 3])) == ((4, 9),)  # touching spans merge
     assert sent_spans(per_row, torch.tensor([0, 5])) == ()  # template and latent rows carry no text
+    # an unselected whitespace token with empty offsets (row 2: "\n    ") does not split a run of text
+    per_row = [None, (0, 3), None, (8, 12), (12, 15), None]
+    assert sent_spans(per_row, torch.tensor([1, 3])) == ((0, 12),)
+    assert sent_spans(per_row, torch.tensor([1, 4])) == ((0, 3), (12, 15))  # row 3 holds text: a real gap
 
 
 def test_evidence_recall_is_measured_as_for_cacheback(agent_for, tokenizer):
@@ -159,6 +163,14 @@ def test_overflowing_spans_are_refused_naming_both_models(agent_for, other):
     assert receiver.calls == []  # refused before the receiver computed anything
     again = pickle.loads(pickle.dumps(e.value))
     assert str(again) == str(e.value) and again.senders == ("gemma3",)
+
+
+def test_a_sender_read_past_its_window_is_refused_before_any_sender_reads(agent_for, models, tokenizer, other):
+    first, small = agent_for("gemma3"), Agent(models["qwen2"], tokenizer, "qwen2-small", context_window=40)
+    receiver = other()
+    with pytest.raises(ContextOverflowError, match=r"sender 1 \(qwen2-small\) prompt"):
+        CacheBackX(**SMALL).run([first, small], DOCS, receiver, QUESTION)
+    assert first.calls == small.calls == receiver.calls == []  # nobody computed anything
 
 
 def test_a_latent_map_of_another_pair_is_refused_naming_both(agent_for, other, fitted, tmp_path):

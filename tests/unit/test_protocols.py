@@ -148,7 +148,7 @@ def test_sender_overflow_is_raised_before_any_sender_reads(models, tokenizer, mo
     receiver = Agent(models["llama"], tokenizer, model_name="llama")
     monkeypatch.setattr(Agent, "prefill", lambda self, *a, **kw: pytest.fail("a sender read"))
     for name in ("fullkv", "cacheback"):
-        with pytest.raises(ContextOverflowError, match="sender 1 prompt"):
+        with pytest.raises(ContextOverflowError, match=r"sender 1 \(llama\) prompt"):
             get_protocol(name, latent_steps=1).run(senders, DOCS, receiver, QUESTION)
 
 

@@ -178,16 +178,25 @@ class CacheBack(Protocol):
         """The span units `choose` ranks for this document: None (fixed spans) or its sentences and lines."""
         return sentence_groups(per_row, document, 2 * self.span) if self.span_mode == "sentence" else None
 
+    def check_senders(self, senders: Sequence[Agent], documents: Sequence[str], question: str) -> list[int]:
+        """Each sender's prompt length; ContextOverflowError (naming the sender and its model), before any sender
+        reads, unless every prompt + G latent rows fits that sender's window."""
+        lengths = []
+        for i, (sender, doc) in enumerate(self._pair(senders, documents)):
+            prompt = len(sender.chat_ids(self.sender_prompt(doc, question)))
+            if prompt + self.latent_steps > sender.context_window:
+                raise ContextOverflowError(prompt + self.latent_steps, sender.context_window,
+                                           {f"sender {i} ({sender.model_name}) prompt": prompt,
+                                            "latent_steps": self.latent_steps})
+            lengths.append(prompt)
+        return lengths
+
     def check_window(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> None:
         """ContextOverflowError, before any sender reads, unless every sender's state and the largest message
         the budgets allow fit: per sender min(B, T - 1) document rows + its first row + G latent rows, then the
         receiver's prompt and answer."""
         budget = first = latent = 0
-        for i, (sender, doc) in enumerate(self._pair(senders, documents)):
-            prompt = len(sender.chat_ids(self.sender_prompt(doc, question)))
-            if prompt + self.latent_steps > sender.context_window:
-                raise ContextOverflowError(prompt + self.latent_steps, sender.context_window,
-                                           {f"sender {i} prompt": prompt, "latent_steps": self.latent_steps})
+        for prompt in self.check_senders(senders, documents, question):
             T = prompt + self.latent_steps
             budget += min(fanin_budget(T, self.ratio), prompt - 1)
             first, latent = first + 1, latent + self.latent_steps

@@ -114,6 +114,7 @@ class CacheBackX(CacheBack):
         latent_map = self.map_for(receiver) if self.delivery == "spans+latent" else None
         for sender in senders if latent_map is not None else ():
             latent_map.check(sender, receiver)  # refused before any sender reads
+        self.check_senders(senders, documents, question)  # every sender's read fits its window, before any reads
         messages, seconds, _, timing = self.send(senders, documents, question)
         t0 = time.perf_counter()
         rows = receiver_rows(receiver, question, messages, latent_map, self.max_new_tokens)
@@ -133,15 +134,16 @@ class CacheBackX(CacheBack):
 
 def sent_spans(per_row: list, rows: torch.Tensor) -> tuple[tuple[int, int], ...]:
     """The document character spans that the selected `rows` cover (`per_row`: `document_rows`' spans), merged:
-    rows that follow each other in the prompt form one span (characters between two consecutive tokens that
-    no token's offsets cover, e.g. trimmed whitespace, are kept), spans that overlap or touch are merged."""
+    selected rows with no text-bearing row between them form one span (the characters between them, which no
+    token's offsets cover, are whitespace the tokenizer trimmed from its offsets, e.g. a newline or an
+    indentation token: they are kept, never replaced by a separator), spans that overlap or touch are merged."""
     out: list[tuple[int, int]] = []
     prev = -2
     for r in sorted(set(rows.tolist())):
         span = per_row[r] if r < len(per_row) else None
-        if span is None:  # template, question or latent row
+        if span is None:  # template, question, latent or empty-offset (whitespace) row
             continue
-        if out and r == prev + 1:  # the next token of the same run
+        if out and all(per_row[k] is None for k in range(prev + 1, r)):  # the same run of text
             out[-1] = (out[-1][0], max(out[-1][1], span[1]))
         else:
             out.append(tuple(span))

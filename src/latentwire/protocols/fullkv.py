@@ -51,7 +51,8 @@ class FullKV(Protocol):
             prompt = len(sender.chat_ids(self.sender_prompt(doc, question)))
             if prompt + self.latent_steps > sender.context_window:
                 raise ContextOverflowError(prompt + self.latent_steps, sender.context_window,
-                                           {f"sender {i} prompt": prompt, "latent_steps": self.latent_steps})
+                                           {f"sender {i} ({sender.model_name}) prompt": prompt,
+                                            "latent_steps": self.latent_steps})
             rows += prompt
         follow = receiver.tokenizer(receiver.continuation_text(KV_PROMPT.format(question=question)),
                                     add_special_tokens=False)["input_ids"]

@@ -1,0 +1,37 @@
+"""benchmarks/cross_model.py's guards, on tiny models: the latent maps a plan uses are checked against their
+pair and latent mode before any episode runs, and each map's identity is pinned for resumes."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from latentwire.agent import Agent
+from latentwire.protocols.base import SENDER_PROMPT
+from latentwire.translate.latent_map import fit_latent_map
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+DOCS = ["Ana Silva leads the Heron project in Porto.", "Bruno Novak leads the Kestrel project."]
+
+
+def _plan_with_map(cm, folder: Path, a: str, b: str, **extra):
+    spec = {"name": "cacheback_x", "ratio": 8, "latent_steps": 2, "delivery": "spans+latent",
+            "latent_map": str(folder)} | extra
+    return [(f"{a}→{b} cacheback_x(ratio=8, delivery='spans+latent')", a, b, spec)]
+
+
+def test_maps_are_checked_and_pinned(tmp_path, monkeypatch, models, tokenizer):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import cross_model as cm
+
+    agents = {"qwen2": Agent(models["qwen2"], tokenizer, "qwen2"), "llama": Agent(models["llama"], tokenizer, "llama"),
+              "gemma3": Agent(models["gemma3"], tokenizer, "gemma3")}
+    fit_latent_map(agents["qwen2"], agents["llama"], [SENDER_PROMPT.format(document=d) for d in DOCS],
+                   ridge=1e-2).save(tmp_path / "qwen2_llama")
+    ident = cm.check_maps(_plan_with_map(cm, tmp_path / "qwen2_llama", "qwen2", "llama"), agents)
+    assert set(ident) == {"qwen2_llama"} and len(ident["qwen2_llama"]["sha256"]) == 64
+    assert ident["qwen2_llama"]["latent_mode"] == "rescale"
+    with pytest.raises(SystemExit, match="qwen2.*llama.*gemma3"):  # the map of another pair, named
+        cm.check_maps(_plan_with_map(cm, tmp_path / "qwen2_llama", "gemma3", "llama"), agents)
+    with pytest.raises(SystemExit, match="'rescale' latent rows of qwen2.*'realign'"):
+        cm.check_maps(_plan_with_map(cm, tmp_path / "qwen2_llama", "qwen2", "llama", latent_mode="realign"), agents)
