@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
 
 from latentwire.agent import Agent
+from latentwire.errors import ConfigError
 from latentwire.training.states import StateCache
-from latentwire.training.trainer import TrainConfig, train
+from latentwire.training.trainer import TrainConfig, resumable, train
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = "gemma3-270m:smollm2-135m,qwen2.5-coder-0.5b:gemma3-270m,smollm2-135m:gemma3-270m,smollm2-135m:smollm2-135m"
@@ -40,10 +42,24 @@ def config(method: str, sharer: str, receiver: str, steps: int, batch: int) -> T
     dense = method.startswith("dense")
     stage1 = steps // 3 if dense else 0  # dense: cache reconstruction first, then the answer loss
     base = "dense" if dense else method.removesuffix("_input")
-    return TrainConfig(base, sharer, receiver, train_n=160, val_n=6, steps=steps + stage1,
-                       batch=batch, lr=LR[method], stage1_steps=stage1, eval_every=max(1, (steps + stage1) // 5),
+    return TrainConfig(base, sharer, receiver, train_n=160, val_n=6, steps=steps + stage1, batch=batch,
+                       lr=LR[method], lr_schedule="cosine", stage1_steps=stage1, eval_every=max(1, (steps + stage1) // 5),
                        context_aware=method == "dense_aware",
                        params={"gate": "input"} if method == "c2c_input" else {})
+
+
+def method_steps(methods: list[str], steps: int, steps_for: str) -> dict[str, int]:
+    """Answer-loss steps per method: `steps`, or `steps_for` ("c2c=300,dense=200"); a family name (c2c, dense)
+    also sets its variant (c2c_input, dense_aware) unless that is given too, so a comparison stays equal."""
+    out = {m: steps for m in methods}
+    given = dict(kv.split("=") for kv in steps_for.split(",") if kv)
+    unknown = sorted(set(given) - set(LR))
+    if unknown:
+        raise ConfigError(f"--steps-for: unknown methods {unknown}; valid: {', '.join(LR)}")
+    for family, variant in (("c2c", "c2c_input"), ("dense", "dense_aware")):
+        if family in given and variant not in given:
+            given[variant] = given[family]
+    return out | {m: int(v) for m, v in given.items() if m in out}
 
 
 def plot(folder: Path) -> None:
@@ -63,7 +79,8 @@ def plot(folder: Path) -> None:
             ax.plot([s for s, _ in pts], ys, label=label)
     ax.plot([s for s, _ in log["val"]], [v for _, v in log["val"]], "o-", label="validation answer loss")
     c = log["config"]
-    ax.set(xlabel="step", ylabel="loss", title=f"{c['method']}: {c['sharer']} -> {c['receiver']}")
+    method = folder.name.removesuffix(f"_{c['sharer']}_{c['receiver']}")  # c2c_input, dense_aware: the grid's name
+    ax.set(xlabel="step", ylabel="loss", title=f"{method}: {c['sharer']} -> {c['receiver']}")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(folder / "loss.png", dpi=110)
@@ -83,22 +100,30 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown methods {unknown}; valid: {', '.join(LR)}")
     torch.set_num_threads(args.threads)
-    agents: dict[str, Agent] = {}
-    cache = StateCache()
-    steps = {m: args.steps for m in args.methods.split(",")}
-    steps |= {k: int(v) for k, v in (kv.split("=") for kv in args.steps_for.split(",") if kv)}
+    methods = args.methods.split(",")
+    try:
+        steps = method_steps(methods, args.steps, args.steps_for)
+    except ConfigError as e:
+        ap.error(str(e))
     pairs = [spec.split(":") for spec in args.pairs.split(",")]
-    for name in {n for pair in pairs for n in pair}:
-        agents[name] = Agent.from_pretrained(name)
-    for method in args.methods.split(","):  # method-major: every pair gets XKV before anything gets C2C
-        for sharer, receiver in pairs:
-            folder = run_dir(method, sharer, receiver)
-            cfg = config(method, sharer, receiver, steps[method], args.batch)
-            train(cfg, folder, agents[sharer], agents[receiver], cache)
-            plot(folder)
-            log = json.loads((folder / "trainer.json").read_text())
-            print(f"{method:6} {sharer:>14} -> {receiver:14} params {log['parameters']:>10,d}  "
-                  f"val {log['val'][0][1]:.3f} -> {log['val'][-1][1]:.3f}  {log.get('seconds', 0):.0f} s", flush=True)
+    runs = [(m, s, r, config(m, s, r, steps[m], args.batch)) for m in methods for s, r in pairs]
+    for method, sharer, receiver, cfg in runs:  # a folder holding another configuration stops us before any training
+        try:
+            resumable(cfg, run_dir(method, sharer, receiver))
+        except ConfigError as e:
+            sys.exit(f"{method} {sharer} -> {receiver}: {e}")
+    agents = {name: Agent.from_pretrained(name) for name in dict.fromkeys(n for pair in pairs for n in pair)}
+    cache = StateCache()
+    for method, sharer, receiver, cfg in runs:  # method-major: every pair gets XKV before anything gets C2C
+        folder = run_dir(method, sharer, receiver)
+        hits, misses = cache.hits, cache.misses
+        train(cfg, folder, agents[sharer], agents[receiver], cache)
+        plot(folder)
+        log = json.loads((folder / "trainer.json").read_text())
+        print(f"{method:10} {sharer:>18} -> {receiver:18} params {log['parameters']:>10,d}  "
+              f"val {log['val'][0][1]:.3f} -> {log['val'][-1][1]:.3f}  {log.get('seconds', 0):.0f} s  "
+              f"state cache {cache.hits - hits} hits / {cache.misses - misses} misses "
+              f"({cache.used / 2**30:.1f} GiB of {cache.limit / 2**30:.0f})", flush=True)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import shutil
 import statistics
@@ -67,13 +68,37 @@ def protocols(sharer: str, receiver: str, methods: list[str] | None = None) -> d
         if methods is not None and method not in methods:
             continue
         folder = run_dir(method, sharer, receiver)
-        if not (folder / "translator.safetensors").exists():
+        training = (json.loads((folder / "config.json").read_text()).get("training", {})
+                    if (folder / "translator.safetensors").exists() else {})
+        if not training or training["step"] != training["config"]["steps"]:  # absent, or saved mid-run
             missing.append(method)
         out[label] = f"translated(checkpoint={folder.relative_to(ROOT).as_posix()!r}, context_aware={aware})"
     if missing:
-        sys.exit(f"{sharer} -> {receiver}: no trained checkpoint for {', '.join(missing)}; first run "
+        sys.exit(f"{sharer} -> {receiver}: no finished training for {', '.join(missing)}; first run (it resumes) "
                  f"python benchmarks/train_translators.py --pairs {sharer}:{receiver} --methods {','.join(missing)}")
     return out
+
+
+def checkpoint_identity(spec: str) -> dict:
+    """A translated spec's checkpoint: SHA-256 of its weights and the training it finished."""
+    name, params = next(iter(parse_protocols(spec).values()))
+    folder = ROOT / params["checkpoint"]
+    training = json.loads((folder / "config.json").read_text())["training"]
+    return {"sha256": hashlib.sha256((folder / "translator.safetensors").read_bytes()).hexdigest(),
+            "step": training["step"], "config": training["config"]}
+
+
+def pin_checkpoints(cell: Path, specs: dict[str, str]) -> None:
+    """Record the checkpoints a cell's records are made with (`checkpoints.json`); exit when a resumed cell's
+    checkpoint has changed since (retrained): its old records would silently stand for the new weights."""
+    now = {label: checkpoint_identity(spec) for label, spec in specs.items() if spec.startswith("translated")}
+    path = cell / "checkpoints.json"
+    before = json.loads(path.read_text()) if path.exists() else {}
+    changed = sorted(k for k in now if k in before and before[k]["sha256"] != now[k]["sha256"])
+    if changed:
+        sys.exit(f"{cell} holds records made with other weights for {changed}; move the cell away to re-evaluate")
+    cell.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(before | now, indent=1) + "\n")
 
 
 def mean(xs):
@@ -209,9 +234,11 @@ def evaluate(args) -> None:
             if name not in agents:
                 agents[name] = agent(name)
         for task in args.tasks.split(","):
+            cell = args.grid / f"{sharer}_{receiver}_{task}"
+            pin_checkpoints(cell, specs[spec])
             with contextlib.chdir(ROOT):  # the specs name checkpoints relative to the repository root
-                run_pairs(sharer, receiver, task, ",".join(specs[spec].values()), args.n,
-                          args.grid / f"{sharer}_{receiver}_{task}", sharer=agents[sharer], receiver=agents[receiver])
+                run_pairs(sharer, receiver, task, ",".join(specs[spec].values()), args.n, cell,
+                          sharer=agents[sharer], receiver=agents[receiver])
         (args.grid / "training").mkdir(parents=True, exist_ok=True)
         for _, method, _ in TRAINED:  # the checkpoints stay under runs/ (tens of MB); their logs travel with the cells
             log = run_dir(method, sharer, receiver) / "trainer.json"

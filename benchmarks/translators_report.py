@@ -33,6 +33,8 @@ VERDICTS = (  # (a, b, what the row decides)
     ("dense (aware)", "dense", "context-aware dense vs context-unaware"),
     ("c2c (input gate)", "c2c", "C2C: input-conditioned gate vs static gate"),
     ("c2c", "fullcontext", "C2C vs one model reading both documents (both shared-context)"),
+    ("c2c (input gate)", "fullcontext", "C2C, input gate, vs one model reading both documents"),
+    ("dense (aware)", "fullcontext", "context-aware dense vs one model reading both documents"),
 )
 
 
@@ -55,9 +57,10 @@ def collect(grid: Path) -> dict:
         rows: dict[str, dict] = {}
         for line in (cfg_path.parent / "records.jsonl").read_text(encoding="utf-8").splitlines():
             r = json.loads(line)
-            row = rows.setdefault(label_row[r["protocol"]], {"acc": {}, "tteoa": [], "ms": [], "params": None,
-                                                              "errors": 0})
+            row = rows.setdefault(label_row[r["protocol"]], {"acc": {}, "em": {}, "tteoa": [], "ms": [],
+                                                              "params": None, "errors": 0})
             row["acc"][r["pair"]] = float(r["accuracy"])
+            row["em"][r["pair"]] = float(r["em"])
             row["errors"] += bool(r.get("error"))
             if r.get("tteoa") is not None:
                 row["tteoa"].append(r["tteoa"])
@@ -69,9 +72,9 @@ def collect(grid: Path) -> dict:
     return cells
 
 
-def macro(cells: dict, row: str) -> tuple[float, float, float, int, int]:
-    """(macro accuracy, CI low, CI high, cells, episodes) of one row over the cells it ran in."""
-    strata = [list(rows[row]["acc"].values()) for rows in cells.values() if row in rows]
+def macro(cells: dict, row: str, metric: str = "acc") -> tuple[float, float, float, int, int]:
+    """(macro accuracy (or `metric` "em"), CI low, CI high, cells, episodes) of one row over its cells."""
+    strata = [list(rows[row][metric].values()) for rows in cells.values() if row in rows]
     return (*stratified_bootstrap_ci(strata), len(strata), sum(map(len, strata)))
 
 
@@ -128,8 +131,10 @@ def page(grid: Path, cells: dict) -> tuple[str, dict]:
              "not the single-document translators.", "",
              "## Macro accuracy per method", "",
              "Mean over the (pair, task) cells; 95% CI from a stratified bootstrap (episodes redrawn within each "
-             "cell).", "", "| method | macro accuracy [95% CI] | cells | episodes | median TTEOA s | translator ms |",
-             "|---|---|---:|---:|---:|---:|"]
+             "cell). EM (the reply is exactly a gold alias, SQuAD-normalised) beside it: accuracy credits a reply "
+             "that names the answer anywhere, which favours long replies.", "",
+             "| method | macro accuracy [95% CI] | macro EM | cells | episodes | median TTEOA s | translator ms |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     summary = {}
     for row in ROWS:
         m, lo, hi, k, n = macro(cells, row)
@@ -140,7 +145,9 @@ def page(grid: Path, cells: dict) -> tuple[str, dict]:
         summary[row] = {"macro": m, "low": lo, "high": hi, "cells": k, "episodes": n, "tteoa_s": tteoa,
                         "translator_ms": ms}
         tag = " (shared context)" if row in SHARED_CONTEXT else ""
-        lines.append(f"| {row}{tag} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {k} | {n} | {tteoa:.2f} | "
+        em = macro(cells, row, "em")[0]
+        summary[row]["em"] = em
+        lines.append(f"| {row}{tag} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {em:.3f} | {k} | {n} | {tteoa:.2f} | "
                      + (f"{ms:.1f} |" if ms == ms else "– |"))
     lines += ["", "## Verdicts", "", "| claim | a − b | macro difference [95% CI] | McNemar p | episodes | verdict |",
               "|---|---|---|---:|---:|---|"]
@@ -175,12 +182,14 @@ def page(grid: Path, cells: dict) -> tuple[str, dict]:
     logs = training_logs(grid)
     if logs:
         lines += ["", "## Training runs (`benchmarks/train_translators.py`)", "",
-                  "| method | sharer → receiver | steps (stage I + answer) | batch | params | wall time | "
-                  "val loss first → last eval |", "|---|---|---:|---:|---:|---:|---|"]
+                  "| method | sharer → receiver | steps reached (stage I + answer) | batch | lr schedule | params | "
+                  "wall time | val loss first → last eval |", "|---|---|---:|---:|---|---:|---:|---|"]
         for method, log in logs:
             c = log["config"]
-            lines.append(f"| {METHOD_ROW.get(method, method)} | {c['sharer']} → {c['receiver']} | {c['stage1_steps']} "
-                         f"+ {c['steps'] - c['stage1_steps']} | {c['batch']} | {log.get('parameters', 0):,d} | "
+            stage1 = min(log["step"], c["stage1_steps"])
+            lines.append(f"| {METHOD_ROW.get(method, method)} | {c['sharer']} → {c['receiver']} | {log['step']} of "
+                         f"{c['steps']} ({stage1} + {log['step'] - stage1}) | {c['batch']} | "
+                         f"{c.get('lr_schedule', 'constant')} | {log.get('parameters', 0):,d} | "
                          f"{log.get('seconds', 0) / 60:.1f} min | {log['val'][0][1]:.2f} (step {log['val'][0][0]}) "
                          f"→ {log['val'][-1][1]:.2f} |")
     lines += ["", "Translator forward time and parameters, XKV vs LCF-X: [translators_timing](../translators_timing.md).",

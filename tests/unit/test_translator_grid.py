@@ -23,7 +23,7 @@ def _cell(grid: Path, sharer: str, receiver: str, task: str, accs: dict[str, lis
             label = f"translated(checkpoint={ckpt!r}, context_aware=False)"
             spec = {"name": "translated", "params": {"checkpoint": ckpt, "context_aware": False}}
         protocols[label] = spec
-        records += [{"pair": f"{task}-test-{i:04d}", "protocol": label, "accuracy": x, "tteoa": 1.0 + i,
+        records += [{"pair": f"{task}-test-{i:04d}", "protocol": label, "accuracy": x, "em": 0.0, "tteoa": 1.0 + i,
                      "details": {"translator_ms": 5.0, "parameters": 10} if spec["name"] == "translated" else {},
                      "error": None} for i, x in enumerate(xs)]
     (folder / "config.json").write_text(json.dumps({"config": {"sharer": sharer, "receiver": receiver, "task": task,
@@ -44,7 +44,8 @@ def test_page_from_cells(tmp_path, monkeypatch):
     v = tr.paired(cells, "xkv", "lcfx")  # facts: +0.5, reasoning: +0.5; 3 episodes only xkv right, 0 only lcfx
     assert v["diff"] == pytest.approx(0.5) and v["n"] == 6 and v["p"] == pytest.approx(2 / 8)
     text = tr.write_page(tmp_path)
-    assert "| xkv | 0.750 [" in text and "XKV > LCF-X | xkv − lcfx | +50.0 pp" in text
+    assert "| xkv | 0.750 [" in text and "] | 0.000 | 2 | 6 |" in text  # macro EM beside accuracy
+    assert "XKV > LCF-X | xkv − lcfx | +50.0 pp" in text
     assert "not yet:" in text  # the grid's own pairs are listed as pending
     assert (tmp_path / "README.md").exists() and (tmp_path / "accuracy.png").exists()
     assert json.loads((tmp_path / "grid.json").read_text())["pairs"] == ["a:b"]
@@ -85,3 +86,41 @@ def test_evaluate_a_tiny_pair_end_to_end(tmp_path, monkeypatch):
     assert "| xkv |" in page and "tiny-gemma3 → tiny-llama" in page and "## Training runs" in page
     translators.main(argv)  # resumes: nothing to add
     assert (cell / "records.jsonl").read_text().splitlines() == records
+
+
+def test_a_checkpoint_saved_mid_run_is_not_evaluated(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import translators
+
+    folder = tmp_path / "runs" / "xkv_a_b"
+    folder.mkdir(parents=True)
+    (folder / "translator.safetensors").write_bytes(b"weights")
+    (folder / "config.json").write_text(json.dumps({"training": {"step": 100, "config": {"steps": 500}}}))
+    monkeypatch.setattr(translators, "ROOT", tmp_path)
+    monkeypatch.setattr(translators, "run_dir", lambda m, s, r: tmp_path / "runs" / f"{m}_{s}_{r}")
+    with pytest.raises(SystemExit, match="no finished training for xkv"):
+        translators.protocols("a", "b", ["xkv"])
+    (folder / "config.json").write_text(json.dumps({"training": {"step": 500, "config": {"steps": 500}}}))
+    specs = translators.protocols("a", "b", ["xkv"])
+    cell = tmp_path / "grid" / "a_b_facts"
+    translators.pin_checkpoints(cell, specs)
+    translators.pin_checkpoints(cell, specs)  # the same weights: resumes
+    (folder / "translator.safetensors").write_bytes(b"retrained")
+    with pytest.raises(SystemExit, match="other weights"):
+        translators.pin_checkpoints(cell, specs)
+
+
+def test_steps_per_method_keep_variants_equal(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from train_translators import config, method_steps
+
+    from latentwire.errors import ConfigError
+
+    steps = method_steps(["xkv", "c2c", "c2c_input", "dense", "dense_aware"], 500, "c2c=300,dense_aware=200")
+    assert steps == {"xkv": 500, "c2c": 300, "c2c_input": 300, "dense": 500, "dense_aware": 200}
+    with pytest.raises(ConfigError, match="unknown methods \\['c2d'\\]"):
+        method_steps(["c2c"], 500, "c2d=3")
+    cfg = config("c2c_input", "a", "b", 300, 2)
+    assert (cfg.method, cfg.params, cfg.lr_schedule, cfg.steps) == ("c2c", {"gate": "input"}, "cosine", 300)
+    dense = config("dense_aware", "a", "b", 300, 2)
+    assert (dense.stage1_steps, dense.steps, dense.context_aware) == (100, 400, True)

@@ -1,6 +1,7 @@
 """XKV and LCF-X on tiny models of the three families: zero-init identity, pair checks, checkpoints, training."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -148,6 +149,23 @@ def test_resume_reproduces_an_uninterrupted_run(tmp_path, agent_for):
     a, b = load(straight).state_dict(), load(resumed).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert log2["step"] == 8 and len(log2["train"]) == 8
+
+
+def test_cosine_schedule_step_zero_validation_and_resumable(tmp_path, agent_for):
+    from latentwire.training.trainer import lr_at, resumable
+
+    cfg = TrainConfig("xkv", "a", "b", steps=10, lr=2e-3, lr_schedule="cosine")
+    assert lr_at(cfg, 0) == 2e-3 and lr_at(cfg, 5) == pytest.approx(1e-3) and 0 < lr_at(cfg, 9) < 1e-4
+    assert lr_at(dataclasses.replace(cfg, lr_schedule="constant"), 9) == 2e-3
+    with pytest.raises(UnknownNameError):
+        TrainConfig("xkv", "a", "b", lr_schedule="linear")
+    out, log = _tiny_run(tmp_path, agent_for, "xkv", 4, lr_schedule="cosine")
+    assert [s for s, _ in log["val"]] == [0, 4]  # the untrained translator first: the receiver alone
+    run = TrainConfig("xkv", "gemma3", "llama", tasks=("reasoning",), train_n=6, val_n=3, steps=4, batch=2,
+                      eval_every=4, lr=3e-3, lr_schedule="cosine")
+    assert resumable(run, out) == 4 and resumable(run, tmp_path / "new") == 0
+    with pytest.raises(ConfigError, match="another configuration"):
+        resumable(dataclasses.replace(run, lr_schedule="constant"), out)
 
 
 def test_train_config_is_validated():

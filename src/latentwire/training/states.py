@@ -1,8 +1,9 @@
 """The frozen models' states for split-evidence pairs, prefilled once and cached on disk in bf16.
 
 Both models are frozen, so a (model, prompt) pair always gives the same state: the cache keys files by
-SHA-256 of (model, tokenizer fingerprint, prompt) and stops writing once the folder reaches its size
-limit (later states are then computed on the fly). Reads come back in float32, on the agent's device.
+SHA-256 of (model, tokenizer fingerprint, the model's dtype, prompt) and stops writing once the folder
+reaches its size limit (16 GiB by default; later states are then computed on the fly, every time they are
+read: watch `hits` / `misses`). Reads come back in float32, on the agent's device.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from ..translate.base import cast
 from ..translate.compose import PairStates, needs
 
 class StateCache:
-    def __init__(self, folder: str | Path | None = None, limit_mb: float = 4096):
+    def __init__(self, folder: str | Path | None = None, limit_mb: float = 16384):
         self.folder = Path(folder) if folder else cache_root() / "states"
         self.folder.mkdir(parents=True, exist_ok=True)
         self.limit = limit_mb * 2**20
@@ -29,7 +30,7 @@ class StateCache:
 
     def _path(self, agent: Agent, prompt: str) -> Path:
         g = agent.geometry
-        key = hashlib.sha256(f"{g.model}\x00{g.tokenizer}\x00{prompt}".encode()).hexdigest()
+        key = hashlib.sha256(f"{g.model}\x00{g.tokenizer}\x00{agent.dtype}\x00{prompt}".encode()).hexdigest()
         return self.folder / f"{key}.kv"
 
     def get(self, agent: Agent, prompt: str) -> KVState:

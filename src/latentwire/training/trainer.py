@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -35,7 +36,9 @@ from .states import StateCache, pair_states
 
 TRAINER = "trainer.json"
 OPTIMIZER = "optimizer.safetensors"
-_ADDED = {"context_aware": False}  # TrainConfig fields added after runs were saved, with the value those runs had
+# TrainConfig fields added after runs were saved, with the value those runs had
+_ADDED = {"context_aware": False, "lr_schedule": "constant"}
+LR_SCHEDULES = ("constant", "cosine")
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class TrainConfig:
     steps: int = 300
     batch: int = 4  # pairs per step (gradient accumulation)
     lr: float = 1e-3
+    lr_schedule: str = "constant"  # "cosine": lr · ½(1 + cos(π · step / steps)), from lr down to 0
     weight_decay: float = 0.0
     stage1_steps: int = 0  # dense only: reconstruction steps before the answer loss
     context_aware: bool = False  # dense only: the receiver answers over its own read of both documents
@@ -71,6 +75,8 @@ class TrainConfig:
             raise ConfigError("stage1_steps (reconstruction pre-training) applies to the dense method only")
         if not self.lr > 0:
             raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise UnknownNameError("learning-rate schedule", self.lr_schedule, LR_SCHEDULES)
         if not isinstance(self.context_aware, bool) or (self.context_aware and self.method != "dense"):
             raise ConfigError(f"context_aware (a bool) applies to the dense method only; got {self.context_aware!r} "
                               f"for {self.method}")
@@ -141,11 +147,15 @@ def train(cfg: TrainConfig, out: str | Path, sharer: Agent | None = None, receiv
     def states_of(pair: Pair, stage: int = 2):  # stage I reads the reconstruction target instead
         return pair_states(pair, sharer, receiver, cfg.method, cache, cfg.context_aware, stage1=stage == 1)
 
+    t0 = time.perf_counter()
+    if not log["val"]:  # step 0: the untrained translator (the receiver alone, for the residual ones)
+        log["val"].append([0, validation_loss(translator, val_pairs, states_of, receiver, cfg.context_aware)])
     bar = tqdm(range(log["step"], cfg.steps), initial=log["step"], total=cfg.steps, disable=not progress,
                desc=f"{cfg.method} {cfg.sharer}->{cfg.receiver}")
-    t0 = time.perf_counter()
     for step in bar:
         stage = 1 if step < cfg.stage1_steps else 2
+        for group in opt.param_groups:  # a pure function of the step, so a resumed run follows the same schedule
+            group["lr"] = lr_at(cfg, step)
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for i in batch_indices(len(train_pairs), cfg.seed, step, cfg.batch):
@@ -167,6 +177,13 @@ def train(cfg: TrainConfig, out: str | Path, sharer: Agent | None = None, receiv
     return out
 
 
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    """The learning rate of optimizer step `step` (0-based)."""
+    if cfg.lr_schedule == "cosine":
+        return cfg.lr * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
+    return cfg.lr
+
+
 @torch.no_grad()
 def validation_loss(translator, val_pairs: list[Pair], states_of, receiver: Agent,
                     context_aware: bool = False) -> float:
@@ -175,6 +192,12 @@ def validation_loss(translator, val_pairs: list[Pair], states_of, receiver: Agen
               for p in val_pairs]
     translator.train()
     return sum(losses) / len(losses)
+
+
+def resumable(cfg: TrainConfig, out: str | Path) -> int:
+    """The step a run of `cfg` in `out` starts from (0: a new run, `cfg.steps`: finished); ConfigError when
+    `out` holds a run with another configuration. Lets a driver check every folder before training any."""
+    return _resume_log(Path(out), cfg)["step"]
 
 
 def _resume_log(out: Path, cfg: TrainConfig) -> dict:
