@@ -51,10 +51,30 @@ class Answer:
     context: int  # receiver context at the end: message + prompt + generated
     prefill_seconds: float
     decode_seconds: float
+    # seconds into the decode when each token was chosen, then (if a stop token ended it) when the stop was
+    token_seconds: tuple[float, ...] = ()
 
     @property
     def seconds(self) -> float:
         return self.prefill_seconds + self.decode_seconds
+
+    @property
+    def stopped(self) -> bool:
+        """True when a stop token ended the answer (not `max_new_tokens`)."""
+        return len(self.token_seconds) == len(self.token_ids) + 1
+
+    def truncated(self, max_new_tokens: int, tokenizer) -> "Answer | None":
+        """This greedy answer as a decode capped at `max_new_tokens` would have produced it — the same tokens,
+        charged the decode time up to the choice that ended it — or None when this decode stopped at its own
+        cap before reaching that one (its continuation is unknown)."""
+        n = len(self.token_ids)
+        if max_new_tokens > n and not self.stopped:
+            return None
+        k = min(n, max_new_tokens)
+        marks = self.token_seconds[:k + 1] if k == n and self.stopped else self.token_seconds[:k]
+        ids = self.token_ids[:k]
+        return Answer(tokenizer.decode(list(ids), skip_special_tokens=True).strip(), ids, self.prompt_tokens,
+                      self.message_rows, self.context - n + k, self.prefill_seconds, marks[-1], marks)
 
 
 @dataclass
@@ -293,12 +313,13 @@ class Agent:
         cache, start, inputs, n_msg, prompt_tokens = self._receiver_input(question, message, max_new_tokens)
         hidden = self._forward(cache, start, **inputs)
         t1 = self._clock()
-        out = self._decode(cache, start + hidden.shape[0], hidden[-1], max_new_tokens)
+        marks: list[float] = []
+        out = self._decode(cache, start + hidden.shape[0], hidden[-1], max_new_tokens, marks)
         t2 = self._clock()
         context = n_msg + prompt_tokens + len(out)
         self._record("answer", t0, n_msg + prompt_tokens, len(out), context)
         return Answer(self.tokenizer.decode(out, skip_special_tokens=True).strip(), tuple(out), prompt_tokens,
-                      n_msg, context, t1 - t0, t2 - t1)
+                      n_msg, context, t1 - t0, t2 - t1, tuple(m - t1 for m in marks))
 
     @torch.inference_mode()
     def stream(self, prompt: Chat, max_new_tokens: int = 48, chunk: int = 256) -> Stream:
@@ -393,10 +414,14 @@ class Agent:
                 ids.add(tid)
         return {i for i in ids if i is not None}
 
-    def _decode(self, cache: DynamicCache, start: int, hidden: torch.Tensor, max_new_tokens: int) -> list[int]:
+    def _decode(self, cache: DynamicCache, start: int, hidden: torch.Tensor, max_new_tokens: int,
+                marks: list[float] | None = None) -> list[int]:
+        """Greedy tokens; `marks` (when given) gets the clock at each choice, and at the stop token if one ends it."""
         out: list[int] = []
         for i in range(max_new_tokens):
-            tok = int(self.logits(hidden).argmax())
+            tok = int(self.logits(hidden).argmax())  # int(): the device has finished this step
+            if marks is not None:
+                marks.append(time.perf_counter())
             if tok in self.stop_ids:
                 break
             out.append(tok)

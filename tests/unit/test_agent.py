@@ -162,9 +162,9 @@ def spy_decode(monkeypatch):
     def attach(agent):
         seen, decode = [], agent._decode
 
-        def spy(cache, start, hidden, max_new_tokens):
+        def spy(cache, start, hidden, max_new_tokens, marks=None):
             seen.append((start, hidden.clone(), [layer.keys[0].clone() for layer in cache.layers]))
-            return decode(cache, start, hidden, max_new_tokens)
+            return decode(cache, start, hidden, max_new_tokens, marks)
 
         monkeypatch.setattr(agent, "_decode", spy)
         return seen

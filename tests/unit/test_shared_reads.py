@@ -72,3 +72,63 @@ def test_the_runner_reads_each_sender_once_per_episode(tmp_path):
     assert len(records) == 10 and all(r["error"] is None for r in records)
     assert _prefills(agent) == 2 * 2  # 2 episodes × 2 senders; without sharing 2 × 5 × 2
     assert [r["episode"] for r in records] == ["e0"] * 5 + ["e1"] * 5  # episode by episode
+
+
+# -- text reports: one greedy decode serves every cap it covers ---------------------------------------
+def _answers(agent: Agent) -> int:
+    return sum(c.op == "answer" for c in agent.calls)
+
+
+def test_a_truncated_answer_is_the_capped_decode(agent_for):
+    agent = agent_for("llama")
+    long = agent.answer(Q, max_new_tokens=12)
+    assert len(long.token_seconds) == len(long.token_ids) + long.stopped
+    assert list(long.token_seconds) == sorted(long.token_seconds) and long.decode_seconds >= long.token_seconds[-1]
+    for cap in (1, 5, len(long.token_ids)):
+        short, alone = long.truncated(cap, agent.tokenizer), agent.answer(Q, max_new_tokens=cap)
+        assert (short.token_ids, short.text, short.context) == (alone.token_ids, alone.text, alone.context)
+        assert short.decode_seconds == long.token_seconds[cap - 1] and short.prefill_seconds == long.prefill_seconds
+    if not long.stopped:
+        assert long.truncated(13, agent.tokenizer) is None  # beyond a capped decode: unknown
+
+
+def test_a_stopped_answer_serves_any_larger_cap():
+    from latentwire.agent import Answer
+
+    stopped = Answer("a b", (5, 6), 10, 0, 12, 0.5, 0.3, (0.1, 0.2, 0.3))  # two tokens, then the stop token
+    assert stopped.stopped
+    tok = type("Tok", (), {"decode": staticmethod(lambda ids, skip_special_tokens: " ".join(map(str, ids)))})
+    big = stopped.truncated(50, tok)
+    assert (big.token_ids, big.decode_seconds, big.stopped) == ((5, 6), 0.3, True)  # charged up to the stop
+    one = stopped.truncated(1, tok)
+    assert (one.token_ids, one.text, one.decode_seconds, one.stopped, one.context) == ((5,), "5", 0.1, False, 11)
+
+
+def test_reports_share_one_decode_inside_a_block(agent_for):
+    from latentwire.protocols.reads import report
+
+    agent = agent_for("qwen2")
+    alone = {cap: agent.answer(Q, max_new_tokens=cap) for cap in (3, 6)}
+    before = _answers(agent)
+    with shared_reads():
+        six = report(agent, Q, 6)
+        three = report(agent, Q, 3)
+        assert not six.shared and three.shared and _answers(agent) == before + 1
+        assert three.answer.token_ids == alone[3].token_ids and six.answer.token_ids == alone[6].token_ids
+        if not six.answer.stopped:
+            nine = report(agent, Q, 9)  # beyond the capped decode: decoded again, and kept
+            assert not nine.shared and _answers(agent) == before + 2
+            assert report(agent, Q, 7).shared
+    outside = report(agent, Q, 3)
+    assert not outside.shared and outside.answer.token_ids == alone[3].token_ids
+
+
+def test_text_protocols_at_two_budgets_share_their_reports(agent_for):
+    agent = agent_for("llama")
+    small, big = get_protocol("text", max_report_tokens=4, max_new_tokens=2), get_protocol("text", max_new_tokens=2)
+    ref = small.run([agent], [DOC], agent, Q)
+    with shared_reads():
+        b = big.run([agent], [DOC], agent, Q)
+        s = small.run([agent], [DOC], agent, Q)
+    assert s.details["shared_reports"] == [True] and b.details["shared_reports"] == [False]
+    assert (s.answer, s.details["reports"]) == (ref.answer, ref.details["reports"])

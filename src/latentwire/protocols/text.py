@@ -1,6 +1,8 @@
 """Text (T2T): each sender decodes a report for the receiver's question; the receiver reads the reports.
 
-Decoding the report is on the critical path: it is counted in the sender's time.
+Decoding the report is on the critical path: it is counted in the sender's time. Inside `shared_reads()`
+(the benchmark runner's episodes) one decode per (sender, prompt) serves every budget it covers, each charged
+the time its own capped decode takes (`reads.report`).
 
 `ratio=r` is text at the same message size as CacheBack at r: each report may use as many tokens as
 CacheBack would send rows for that document, ceil(T / r) with T the sender's prompt tokens for it
@@ -16,6 +18,7 @@ from typing import Sequence
 from ..agent import Agent
 from ..errors import UnknownNameError
 from .base import SENDER_PROMPT, Outcome, Protocol, register
+from .reads import report
 
 REPORT_PROMPTS = {  # what the sender is asked to write
     "quote": ("Read this document.\n\n{document}\n\nQuote the one sentence of the document that best answers: "
@@ -50,16 +53,19 @@ class Text(Protocol):
         return math.ceil(len(sender.chat_ids(SENDER_PROMPT.format(document=document))) / self.ratio)
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
-        reports, seconds, budgets, used = [], [], [], []
+        reports, seconds, budgets, used, shared = [], [], [], [], []
         for sender, doc in self._pair(senders, documents):
             t0 = time.perf_counter()
             budgets.append(self.report_budget(sender, doc))
-            rep = sender.answer(REPORT_PROMPTS[self.report].format(document=doc, question=question),
-                                max_new_tokens=budgets[-1])
-            seconds.append(time.perf_counter() - t0)
+            budget_s = time.perf_counter() - t0
+            rep, was_shared = report(sender, REPORT_PROMPTS[self.report].format(document=doc, question=question),
+                                     budgets[-1])
+            seconds.append(budget_s + rep.seconds)  # a shared decode is charged what this cap's decode takes
             reports.append(rep.text)
             used.append(len(rep.token_ids))
+            shared.append(was_shared)
         message = "\n".join(reports)
         reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
         return Outcome(self.name, reply.text, len(message.encode()), reply.context, tuple(seconds), reply.seconds,
-                       {"reports": reports, "report_budgets": budgets, "report_tokens": used})
+                       {"reports": reports, "report_budgets": budgets, "report_tokens": used,
+                        "shared_reports": shared})
