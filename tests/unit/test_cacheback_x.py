@@ -75,6 +75,9 @@ def test_same_model_spans_cover_the_rows_cacheback_sends(agent_for, arch, span_m
     out = proto.run([agent, agent], DOCS, agent, QUESTION)
     assert out.kept_spans == tuple(merge_spans(k) for k in ref.kept_spans)  # same rows selected
     assert [t["sent"] for t in out.details["senders"]] == [t["sent"] for t in ref.details["senders"]]
+    # of those rows, the document's: all but the first row and the G latent rows
+    assert [t["sent_document_rows"] for t in out.details["senders"]] == [t["sent"] - 1 - SMALL["latent_steps"]
+                                                                          for t in ref.details["senders"]]
     messages, *_ = proto.send([agent, agent], DOCS, QUESTION)
     for doc, m, kept in zip(DOCS, messages, ref.kept_spans):
         # the text is the document's own text of the kept rows' character spans, merged, and nothing else

@@ -237,8 +237,9 @@ class CacheBack(Protocol):
             rerun = getattr(scored_by, "last_seconds", 0.0) - getattr(scored_by, "last_press_seconds", 0.0)
             t2 = time.perf_counter() - rerun
             seconds.append(t2 - t0)
+            doc_rows = sum(1 for x in rows.tolist() if x < len(per_row) and per_row[x] is not None)
             timing.append({"read_s": r.seconds, "select_s": t2 - t1, "rows": len(state), "sent": len(rows),
-                           "shared_read": r.shared})
+                           "sent_document_rows": doc_rows, "shared_read": r.shared})  # sent: + first, latent
             kept.append(kept_document_spans(per_row, rows))
         return parts, seconds, kept, timing
 
