@@ -105,10 +105,10 @@ def main() -> None:
         task = folder / "episodes.jsonl"
         ensure_episodes(task, cell_episodes(cell, args.n, args.seed))
         print(f"== {cell}: {args.n} episodes, {len(PROTOCOLS[args.protocols])} protocols -> {folder}", flush=True)
+        (folder / "command.txt").write_text(cmd + "\n")  # before the run: an interrupted run resumes with it
         run(RunConfig(os.path.relpath(task), ",".join(PROTOCOLS[args.protocols]), args.model, dtype=args.dtype),
             folder)
         write_report(folder)
-        (folder / "command.txt").write_text(cmd + "\n")
     write_index(args.out)
 
 
@@ -125,10 +125,15 @@ def ensure_episodes(task: Path, episodes: list) -> None:
 
 def write_index(out: Path) -> None:
     """README.md and verdicts.json over every cell folder in `out` (whichever command filled it)."""
-    rows = []
+    rows, progress = [], []
     for folder in sorted(p.parent for p in out.glob("*/records.jsonl")):
         config, records = read_run(folder)
         cell = folder.name
+        done = {(r["episode"], r["protocol"]) for r in records}
+        planned = config.get("episodes", [])
+        complete = sum(all((e, p) in done for p in config["config"]["protocols"]) for e in planned)
+        if complete < len(planned):
+            progress.append(f"- {cell}: {complete} of {len(planned)} episodes complete (the command resumes)")
         for a, b in HEADLINE:
             c = compare(records, a, b)
             if c:
@@ -143,6 +148,7 @@ def write_index(out: Path) -> None:
     lines += [f"| {cell} " + verdict(c) for cell, c, _, _ in rows]
     lines += ["", "Commands:", ""] + sorted({f"- {cell.rsplit('_', 1)[0]} ({dtype}): `{cmd}`"
                                              for cell, _, dtype, cmd in rows})
+    lines += ["", "In progress:", ""] + progress if progress else []
     (out / "README.md").write_text("\n".join(lines) + "\n")
     (out / "verdicts.json").write_text(json.dumps([{"cell": cell, "dtype": dtype} | c for cell, c, dtype, _ in rows],
                                                   indent=2) + "\n")
