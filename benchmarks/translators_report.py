@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_translators import PAIRS  # noqa: E402  (the grid's pairs)
-from translators import GRID, ROWS, TRAINED  # noqa: E402
+from translators import GRID, ROWS, TRAINED, median  # noqa: E402
 
 from latentwire.bench.metrics import bootstrap_ci, mcnemar_exact, stratified_bootstrap_ci  # noqa: E402
 
@@ -108,10 +107,6 @@ def training_logs(grid: Path) -> list[tuple[str, dict]]:
         c = log["config"]
         out.append((path.stem.removesuffix(f"_{c['sharer']}_{c['receiver']}"), log))
     return out
-
-
-def median(xs) -> float:
-    return statistics.median(xs) if xs else float("nan")
 
 
 def page(grid: Path, cells: dict) -> tuple[str, dict]:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Sequence
 
 from ..agent import Agent
+from ..errors import ContextOverflowError
 from ..registry import Registry
 
 SENDER_PROMPT = "Read this document.\n\n{document}"
@@ -56,6 +57,19 @@ class Protocol(ABC):
         if len(senders) != len(documents):
             raise ValueError(f"{len(senders)} senders for {len(documents)} documents")
         return list(zip(senders, documents))
+
+
+def sender_prompt_lengths(senders: Sequence[Agent], prompts: Sequence[str], latent_steps: int) -> list[int]:
+    """Each sender's chat-prompt length; ContextOverflowError (naming the sender and its model), before any
+    sender reads, unless every prompt + G latent rows fits that sender's window."""
+    lengths = []
+    for i, (sender, prompt) in enumerate(zip(senders, prompts)):
+        n = len(sender.chat_ids(prompt))
+        if n + latent_steps > sender.context_window:
+            raise ContextOverflowError(n + latent_steps, sender.context_window,
+                                       {f"sender {i} ({sender.model_name}) prompt": n, "latent_steps": latent_steps})
+        lengths.append(n)
+    return lengths
 
 
 def timed(fn, *args, **kw):

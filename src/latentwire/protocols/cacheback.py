@@ -20,7 +20,7 @@ from ..errors import ContextOverflowError, TaskFormatError, UnknownNameError
 from ..message import Rows
 from ..select import SELECTORS, SPAN, always_kept, fanin_budget, get_selector, select_rows, sentence_groups
 from ..state import KVState
-from .base import QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register
+from .base import QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, sender_prompt_lengths
 from .reads import Read, read
 
 ENCODINGS = ("rows", "token_ids")
@@ -179,17 +179,10 @@ class CacheBack(Protocol):
         return sentence_groups(per_row, document, 2 * self.span) if self.span_mode == "sentence" else None
 
     def check_senders(self, senders: Sequence[Agent], documents: Sequence[str], question: str) -> list[int]:
-        """Each sender's prompt length; ContextOverflowError (naming the sender and its model), before any sender
-        reads, unless every prompt + G latent rows fits that sender's window."""
-        lengths = []
-        for i, (sender, doc) in enumerate(self._pair(senders, documents)):
-            prompt = len(sender.chat_ids(self.sender_prompt(doc, question)))
-            if prompt + self.latent_steps > sender.context_window:
-                raise ContextOverflowError(prompt + self.latent_steps, sender.context_window,
-                                           {f"sender {i} ({sender.model_name}) prompt": prompt,
-                                            "latent_steps": self.latent_steps})
-            lengths.append(prompt)
-        return lengths
+        """Each sender's prompt length, checked against its window before any sender reads."""
+        pairs = self._pair(senders, documents)
+        return sender_prompt_lengths([s for s, _ in pairs], [self.sender_prompt(d, question) for _, d in pairs],
+                                     self.latent_steps)
 
     def check_window(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> None:
         """ContextOverflowError, before any sender reads, unless every sender's state and the largest message

@@ -11,7 +11,7 @@ from typing import Sequence
 from ..agent import KV_PROMPT, LATENT_MODES, Agent
 from ..errors import ContextOverflowError, UnknownNameError
 from ..state import KVState
-from .base import QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, timed
+from .base import QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, sender_prompt_lengths, timed
 from .reads import Read, read
 
 
@@ -46,14 +46,9 @@ class FullKV(Protocol):
     def check_window(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> None:
         """ContextOverflowError, before any sender reads, unless every sender's state and the whole message (each
         sender's prompt rows + G latent rows) fit, then the receiver's prompt and answer."""
-        rows = 0
-        for i, (sender, doc) in enumerate(self._pair(senders, documents)):
-            prompt = len(sender.chat_ids(self.sender_prompt(doc, question)))
-            if prompt + self.latent_steps > sender.context_window:
-                raise ContextOverflowError(prompt + self.latent_steps, sender.context_window,
-                                           {f"sender {i} ({sender.model_name}) prompt": prompt,
-                                            "latent_steps": self.latent_steps})
-            rows += prompt
+        pairs = self._pair(senders, documents)
+        rows = sum(sender_prompt_lengths([s for s, _ in pairs], [self.sender_prompt(d, question) for _, d in pairs],
+                                         self.latent_steps))
         follow = receiver.tokenizer(receiver.continuation_text(KV_PROMPT.format(question=question)),
                                     add_special_tokens=False)["input_ids"]
         parts = {"sender_rows": rows, "latent_rows": len(documents) * self.latent_steps, "prompt": len(follow),
