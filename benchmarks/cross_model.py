@@ -73,6 +73,14 @@ def plan(pairs: list[tuple[str, str]], ratios: list[int], maps: Path | None) -> 
     return rows
 
 
+def recorded(spec: dict) -> dict:
+    """A protocol spec as the committed config records it: a latent map inside the repository by its relative path."""
+    folder = Path(spec.get("latent_map", ""))
+    if folder.is_absolute() and folder.is_relative_to(ROOT):
+        return spec | {"latent_map": str(folder.relative_to(ROOT))}
+    return spec
+
+
 def check_maps(rows, agents: dict[str, Agent]) -> dict[str, dict]:
     """Every latent map the plan uses, loaded and checked against its sender and receiver models and the
     senders' latent mode (exit naming both models otherwise); returns each map's identity (SHA-256 of its
@@ -168,7 +176,7 @@ def main() -> None:
         episodes = cell_episodes(TASKS[task], args.n, args.seed)
         ensure_episodes(folder / "episodes.jsonl", episodes)  # refuses another seed's episodes in the folder
         config = {"task": task, "n": args.n, "seed": args.seed, "pairs": pairs, "ratios": ratios,
-                  "protocols": {label: {"sender": a, "receiver": b} | spec for label, a, b, spec in rows},
+                  "protocols": {label: {"sender": a, "receiver": b} | recorded(spec) for label, a, b, spec in rows},
                   "dtype": {m: str(ag.dtype) for m, ag in agents.items()}, "latent_maps": maps,
                   "environment": environment(), "resumed": []}
         cfg_path, done = folder / "config.json", finished(folder / "records.jsonl", "episode")

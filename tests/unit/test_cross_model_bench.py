@@ -35,3 +35,14 @@ def test_maps_are_checked_and_pinned(tmp_path, monkeypatch, models, tokenizer):
         cm.check_maps(_plan_with_map(cm, tmp_path / "qwen2_llama", "gemma3", "llama"), agents)
     with pytest.raises(SystemExit, match="'rescale' latent rows of qwen2.*'realign'"):
         cm.check_maps(_plan_with_map(cm, tmp_path / "qwen2_llama", "qwen2", "llama", latent_mode="realign"), agents)
+
+
+def test_recorded_spec_keeps_repository_paths_relative(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import cross_model as cm
+
+    inside = {"name": "cacheback_x", "latent_map": str(cm.ROOT / "runs" / "latent_maps" / "a_b")}
+    assert cm.recorded(inside) == inside | {"latent_map": str(Path("runs") / "latent_maps" / "a_b")}
+    outside = {"name": "cacheback_x", "latent_map": str(tmp_path / "a_b")}
+    assert cm.recorded(outside) == outside  # a map outside the repository keeps its absolute path
+    assert cm.recorded({"name": "text", "ratio": 8}) == {"name": "text", "ratio": 8}
