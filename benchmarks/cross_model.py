@@ -76,7 +76,7 @@ def plan(pairs: list[tuple[str, str]], ratios: list[int], maps: Path | None) -> 
 def recorded(spec: dict) -> dict:
     """A protocol spec as the committed config records it: a latent map inside the repository by its relative path."""
     folder = Path(spec.get("latent_map", ""))
-    if folder.is_absolute() and folder.is_relative_to(ROOT):
+    if folder.is_relative_to(ROOT):  # False for a relative path or one outside the repository
         return spec | {"latent_map": str(folder.relative_to(ROOT))}
     return spec
 
