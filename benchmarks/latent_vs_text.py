@@ -6,7 +6,7 @@
 Cells (each a fresh deterministic episode set written next to its records; 3 senders each):
     facts1_500, facts1_2000, facts1_4000   one-hop `facts`, each sender's document ≈ 500 / 2,000 / 4,000 tokens
     code1                                  single-scope `code` (documents are stdlib modules, ≈ 850-1,300 tokens)
-    facts2_2000                            two-hop `facts` (the hard row), ≈ 2,000 tokens
+    facts2_500, facts2_2000                two-hop `facts` (the hard row), ≈ 500 / 2,000 tokens
 Every cell runs the same protocols (`PROTOCOLS`), episode by episode, each sender's state read once
 and shared by every protocol that starts from it (each is charged that read's measured time). A cell
 is resumable: re-running the command continues where it stopped. Each cell folder gets the runner's
@@ -44,7 +44,7 @@ PROTOCOLS = {
 PROTOCOLS["long"] = ([p for p in PROTOCOLS["core"] if "query_aware=True" not in p and "latentmas" not in p]
                      + ["text(ratio=32)", "cacheback(ratio=32, latent_steps=8)", "cacheback(ratio=32, latent_steps=0)",
                         "cacheback(ratio=16, latent_steps=0)"])
-CELLS = ("facts1_500", "facts1_2000", "facts1_4000", "code1", "facts2_2000")
+CELLS = ("facts1_500", "facts1_2000", "facts1_4000", "code1", "facts2_500", "facts2_2000")
 HEADLINE = [  # (a, b) rows of the summary table, when both ran
     ("cacheback(ratio=8, latent_steps=8)", "text(ratio=8)"), ("cacheback(ratio=8, latent_steps=8)", "text"),
     ("cacheback(ratio=16, latent_steps=8)", "text(ratio=16)"), ("cacheback(ratio=32, latent_steps=8)", "text(ratio=32)"),
