@@ -105,11 +105,23 @@ def main() -> None:
         task = folder / "episodes.jsonl"
         ensure_episodes(task, cell_episodes(cell, args.n, args.seed))
         print(f"== {cell}: {args.n} episodes, {len(PROTOCOLS[args.protocols])} protocols -> {folder}", flush=True)
-        (folder / "command.txt").write_text(cmd + "\n")  # before the run: an interrupted run resumes with it
+        log_command(folder, cmd)  # before the run: an interrupted run resumes with it
         run(RunConfig(os.path.relpath(task), ",".join(PROTOCOLS[args.protocols]), args.model, dtype=args.dtype),
             folder)
         write_report(folder)
     write_index(args.out)
+
+
+def commands(folder: Path) -> list[str]:
+    """Every command that added records to a cell, in the order they first ran (command.txt, one per line)."""
+    path = folder / "command.txt"
+    return [c for c in path.read_text().splitlines() if c.strip()] if path.exists() else []
+
+
+def log_command(folder: Path, cmd: str) -> None:
+    """Append `cmd` to the cell's command.txt unless it is there already (a resume of the same command)."""
+    cmds = commands(folder)
+    (folder / "command.txt").write_text("\n".join(cmds + ([cmd] if cmd not in cmds else [])) + "\n")
 
 
 def ensure_episodes(task: Path, episodes: list) -> None:
@@ -137,8 +149,7 @@ def write_index(out: Path) -> None:
         for a, b in HEADLINE:
             c = compare(records, a, b)
             if c:
-                rows.append((cell, c, config["config"]["dtype"],
-                             (folder / "command.txt").read_text().strip() if (folder / "command.txt").exists() else ""))
+                rows.append((cell, c, config["config"]["dtype"], "`, then `".join(commands(folder))))
     lines = ["# Latent vs text: paired verdicts per cell", "",
              "Accuracy difference a − b with its 95% paired bootstrap CI, exact McNemar p, median TTEOA "
              "ratio a ÷ b with its 95% bootstrap CI. Each cell's folder holds its episodes, config, "

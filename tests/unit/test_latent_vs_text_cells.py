@@ -25,3 +25,16 @@ def test_facts_cells_prefix_stable(monkeypatch):
 
     a, b = cell_episodes("facts1_500", 3, 11), cell_episodes("facts1_500", 6, 11)
     assert [e.to_json() for e in a] == [e.to_json() for e in b[:3]]
+
+
+def test_command_log_keeps_every_command_once_in_order(monkeypatch, tmp_path):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from latent_vs_text import commands, log_command
+
+    assert commands(tmp_path) == []
+    core = "python benchmarks/latent_vs_text.py --cells facts1_500 --protocols core --n 150"
+    grid = "python benchmarks/latent_vs_text.py --cells facts1_500 --protocols all --n 150"
+    for cmd in (core, core, grid, core):  # a resume of the same command is not logged twice
+        log_command(tmp_path, cmd)
+    assert commands(tmp_path) == [core, grid]
+    assert (tmp_path / "command.txt").read_text() == f"{core}\n{grid}\n"
