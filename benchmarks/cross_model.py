@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from latent_vs_text import cell_episodes, ensure_episodes  # noqa: E402  (the latent-vs-text episodes)
+from latent_vs_text import cell_episodes, commands, ensure_episodes, log_command  # noqa: E402  (its episodes, logs)
 
 from latentwire.agent import Agent  # noqa: E402
 from latentwire.bench.report import compare, verdict  # noqa: E402
@@ -207,11 +207,8 @@ def main() -> None:
                         f.write(json.dumps(rec | {"sender_model": a, "receiver_model": b}, ensure_ascii=False) + "\n")
                         f.flush()
                 print(f"{task}: episode {i + 1}/{len(episodes)} ({time.perf_counter() - t0:.0f} s)", flush=True)
-        path = folder / "command.txt"  # every command that added records to this folder, in order
-        cmds = path.read_text().splitlines() if path.exists() else []
-        cmds += [cmd] if cmd not in cmds else []
-        path.write_text("\n".join(cmds) + "\n")
-        print(report(folder, [tuple(p) for p in config["pairs"]], config["ratios"], cmds))  # resumes' union
+        log_command(folder, cmd)  # every command that added records to this folder, in order
+        print(report(folder, [tuple(p) for p in config["pairs"]], config["ratios"], commands(folder)))  # resumes' union
 
 
 if __name__ == "__main__":
