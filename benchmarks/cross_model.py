@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from latent_vs_text import cell_episodes, commands, ensure_episodes, log_command  # noqa: E402  (its episodes, logs)
 
 from latentwire.agent import Agent  # noqa: E402
-from latentwire.bench.report import compare, verdict  # noqa: E402
+from latentwire.bench.report import compare, mixed_note, verdict  # noqa: E402
 from latentwire.bench.runner import environment, finished, run_episode  # noqa: E402
 from latentwire.errors import LatentWireError  # noqa: E402
 from latentwire.protocols import get_protocol  # noqa: E402
@@ -135,10 +135,8 @@ def report(folder: Path, pairs, ratios, cmds: list[str]) -> str:
                      f"{med([max(r['sender_seconds'], default=0.0) for r in ok]):.2f} |")
     lines += ["", "Paired verdicts (accuracy a − b, 95% paired bootstrap CI, exact McNemar p; median TTEOA a ÷ b):", "",
               "| a vs b | n | accuracy a vs b | difference | McNemar p | TTEOA a ÷ b |", "|---|---:|---|---|---:|---|"]
-    for a, b in verdict_pairs(pairs, ratios, set(labels)):
-        c = compare(records, a, b)
-        if c:
-            lines.append(verdict(c))
+    comparisons = [c for c in (compare(records, a, b) for a, b in verdict_pairs(pairs, ratios, set(labels))) if c]
+    lines += [verdict(c) for c in comparisons] + mixed_note(comparisons)
     text = "\n".join(lines) + "\n"
     (folder / "report.md").write_text(text)
     return text
@@ -196,6 +194,7 @@ def main() -> None:
                        "protocols": first["protocols"] | config["protocols"], "dtype": first["dtype"] | config["dtype"],
                        "latent_maps": first.get("latent_maps", {}) | maps}
         cfg_path.write_text(json.dumps(config, indent=2) + "\n")
+        run_id = (config["resumed"][-1] if config["resumed"] else config["environment"])["run"]  # this invocation
         t0 = time.perf_counter()
         with (folder / "records.jsonl").open("a", encoding="utf-8") as f:
             for i, ep in enumerate(episodes):
@@ -204,7 +203,8 @@ def main() -> None:
                         if (ep.id, label) in done:
                             continue
                         rec = run_episode(Mixed(protocols[label], agents[a], agents[b]), label, ep, agents[a])
-                        f.write(json.dumps(rec | {"sender_model": a, "receiver_model": b}, ensure_ascii=False) + "\n")
+                        rec |= {"sender_model": a, "receiver_model": b, "run": run_id}
+                        f.write(json.dumps(rec, ensure_ascii=False) + "\n")
                         f.flush()
                 print(f"{task}: episode {i + 1}/{len(episodes)} ({time.perf_counter() - t0:.0f} s)", flush=True)
         log_command(folder, cmd)  # every command that added records to this folder, in order

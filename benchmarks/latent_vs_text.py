@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from latentwire.bench.episode import write_episodes
-from latentwire.bench.report import compare, read_run, verdict, write_report
+from latentwire.bench.report import compare, mixed_note, read_run, verdict, write_report
 from latentwire.bench.runner import RunConfig, run
 from latentwire.bench.tasks import code, facts
 
@@ -156,7 +156,7 @@ def write_index(out: Path) -> None:
              "records, full report, plots and the command that ran it.", "",
              "| cell | a vs b | n | accuracy a vs b | difference | McNemar p | TTEOA a ÷ b |",
              "|---|---|---:|---|---|---:|---|"]
-    lines += [f"| {cell} " + verdict(c) for cell, c, _, _ in rows]
+    lines += [f"| {cell} " + verdict(c) for cell, c, _, _ in rows] + mixed_note([c for _, c, _, _ in rows])
     lines += ["", "Commands:", ""] + sorted({f"- {cell.rsplit('_', 1)[0]} ({dtype}): `{cmd}`"
                                              for cell, _, dtype, cmd in rows})
     lines += ["", "In progress:", ""] + progress if progress else []

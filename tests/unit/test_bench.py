@@ -139,7 +139,11 @@ def test_resume_drops_a_line_cut_short_and_refuses_another_n(tiny_task, tmp_path
     run(cfg, out, progress=False, agent=agent)
     again = [json.loads(l) for l in (out / "records.jsonl").read_text().splitlines()]
     assert [r["episode"] for r in again] == ["e0", "e1", "e2"]
-    assert len(json.loads((out / "config.json").read_text())["resumed"]) == 1
+    cfgd = json.loads((out / "config.json").read_text())
+    assert len(cfgd["resumed"]) == 1
+    # each record names the invocation that wrote it: e2 was rewritten by the resume
+    first, resumed = cfgd["environment"]["run"], cfgd["resumed"][0]["run"]
+    assert first != resumed and [r["run"] for r in again] == [first, first, resumed]
     with pytest.raises(ConfigError):
         run(RunConfig(str(tiny_task), "alone(max_new_tokens=1)", "llama", n=2), out, progress=False, agent=agent)
 
@@ -163,6 +167,27 @@ def test_paired_statistics():
     assert (m, lo, hi) == (2.0, 2.0, 2.0)
     with pytest.raises(ValueError):
         paired_bootstrap_diff([1], [1, 0])
+
+
+def test_verdict_flags_times_paired_across_runs():
+    from latentwire.bench.report import compare, mixed_note, verdict
+
+    def rec(ep, proto, acc, t, run=None):
+        return {"episode": ep, "protocol": proto, "accuracy": acc, "tteoa": t} | ({"run": run} if run else {})
+
+    same = [rec(e, p, 1.0, 2.0 if p == "a" else 1.0, "r1") for e in ("e0", "e1") for p in ("a", "b")]
+    c = compare(same, "a", "b")
+    assert c["tteoa_mixed"] == 0 and c["tteoa_ratio"][0] == 2.0
+    assert not verdict(c).endswith("† |") and mixed_note([c]) == []
+    # b re-run in another invocation for one episode: that pair's times were not measured side by side
+    mixed = same[:3] + [rec("e1", "b", 1.0, 1.0, "r2")]
+    c = compare(mixed, "a", "b")
+    assert c["tteoa_mixed"] == 1 and verdict(c).endswith("×2.00 [2.00, 2.00] † |")
+    assert "different runs" in mixed_note([c])[1]
+    # records older than the label compare as unlabelled: unlabelled vs labelled is mixed, both unlabelled is not
+    legacy = [{k: v for k, v in r.items() if k != "run"} for r in same]
+    assert compare(legacy, "a", "b")["tteoa_mixed"] == 0
+    assert compare(legacy[:3] + same[3:], "a", "b")["tteoa_mixed"] == 1
 
 
 def test_stratified_bootstrap():

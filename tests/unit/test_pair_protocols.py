@@ -140,6 +140,9 @@ def test_run_pairs_records_resumes_and_summarizes(agent_for, ckpt, tmp_path):
     run_pairs(SHARER, RECEIVER, "reasoning", spec + ",fullcontext(max_new_tokens=2)", 2, out, sharer=s, receiver=r,
               progress=False)
     assert len(read_records(out)) == 6 and len(s.calls) == n_s and len(r.calls) == n_r + 4  # only the new protocol
+    runs = [json.loads((out / "config.json").read_text())[k] for k in ("environment", "resumed")]
+    first, last = runs[0]["run"], runs[1][-1]["run"]  # each record names the invocation that wrote it
+    assert [r_["run"] for r_ in read_records(out)] == [first] * 4 + [last] * 2
     with pytest.raises(ConfigError, match="another sharer"):
         run_pairs(SHARER, RECEIVER, "reasoning", spec, 3, out, sharer=s, receiver=r, progress=False)
     rows = {row["protocol"]: row for row in summarize_pairs(read_records(out))}

@@ -57,12 +57,13 @@ def run_pairs(sharer_name: str, receiver_name: str, task: str, protocols: str, n
     if progress:
         print(describe_protocols(built), flush=True)
     with run_folder(out_dir, cfg_path, rec_path):
-        write_config(cfg_path, first, config, {"pairs": [p.id for p in todo_pairs]})
+        run_id = write_config(cfg_path, first, config, {"pairs": [p.id for p in todo_pairs]})["run"]
         with rec_path.open("a", encoding="utf-8") as f:
             for label, protocol in built.items():
                 todo = [p for p in todo_pairs if (p.id, label) not in done]
                 for pair in tqdm(todo, desc=f"{label[:24]:>24}", disable=not progress):
-                    f.write(json.dumps(run_pair(protocol, label, pair, sharer, receiver), ensure_ascii=False) + "\n")
+                    rec = run_pair(protocol, label, pair, sharer, receiver) | {"run": run_id}
+                    f.write(json.dumps(rec, ensure_ascii=False) + "\n")
                     f.flush()
     return out_dir
 

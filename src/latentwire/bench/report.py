@@ -91,19 +91,32 @@ def compare(records: list[dict], a: str, b: str) -> dict | None:
         return None
     acc_a, acc_b = [ra[e]["accuracy"] for e in eps], [rb[e]["accuracy"] for e in eps]
     timed = [e for e in eps if ra[e].get("tteoa") and rb[e].get("tteoa")]
+    # A record's "run" names the invocation that wrote it (records older than the field have none). Paired
+    # times from two invocations may come from two hosts or loads: counted, and flagged by `verdict`.
+    mixed = sum(ra[e].get("run") != rb[e].get("run") for e in timed)
     return {"a": a, "b": b, "n": len(eps), "acc_a": sum(acc_a) / len(eps), "acc_b": sum(acc_b) / len(eps),
             "diff": paired_bootstrap_diff(acc_a, acc_b),
             "p": mcnemar_exact([x == 1.0 for x in acc_a], [x == 1.0 for x in acc_b]),
             "tteoa_ratio": median_ratio_ci([ra[e]["tteoa"] for e in timed], [rb[e]["tteoa"] for e in timed])
-            if timed else None, "n_timed": len(timed)}
+            if timed else None, "n_timed": len(timed), "tteoa_mixed": mixed}
 
 
 def verdict(c: dict) -> str:
-    """One table row that reads as a verdict."""
+    """One table row that reads as a verdict; a TTEOA ratio over pairs timed by different runs is marked †."""
     d, lo, hi = (100 * x for x in c["diff"])
     t = "—" if c["tteoa_ratio"] is None else "×{:.2f} [{:.2f}, {:.2f}]".format(*c["tteoa_ratio"])
+    t += " †" if c.get("tteoa_mixed") else ""
     return (f"| `{c['a']}` vs `{c['b']}` | {c['n']} | {c['acc_a']:.2f} vs {c['acc_b']:.2f} | {d:+.0f} pp "
             f"[{lo:+.0f}, {hi:+.0f}] | {c['p']:.3g} | {t} |")
+
+
+def mixed_note(comparisons: list[dict]) -> list[str]:
+    """The footnote for verdict rows marked †, or nothing when no row is."""
+    if not any(c.get("tteoa_mixed") for c in comparisons):
+        return []
+    return ["", "† TTEOA ratio over episodes whose two records were written by different runs of the command "
+            "(a resume, another session, possibly another host or load): the two protocols' times were not "
+            "measured side by side, so read the ratio as indicative only. Accuracy columns are unaffected."]
 
 
 def _cell(v, fmt: str) -> str:
@@ -162,7 +175,7 @@ def write_report(run_dir: str | Path, pairs: list[tuple[str, str]] | None = None
                   "95% paired bootstrap CI, exact McNemar p on answered-correctly, median TTEOA ratio a ÷ b "
                   "with its 95% bootstrap CI.", "",
                   "| a vs b | n | accuracy a vs b | difference | McNemar p | TTEOA a ÷ b |",
-                  "|---|---:|---|---|---:|---|"] + [verdict(c) for c in comparisons]
+                  "|---|---:|---|---|---:|---|"] + [verdict(c) for c in comparisons] + mixed_note(comparisons)
     errors = [r for r in records if r.get("error")]
     if errors:
         lines += ["", "Errors (first 5):", ""] + [f"- `{r['protocol']}` on `{r['episode']}`: {r['error'][:200]}"

@@ -19,6 +19,7 @@ import re
 import resource
 import subprocess
 import time
+import uuid
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -137,12 +138,13 @@ def environment() -> dict:
                              cwd=Path(__file__).parent).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         git = None
+    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     return {"latentwire": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
             "python": platform.python_version(), "git": git, "machine": platform.machine(),
             "processor": platform.processor(), "cpu_model": cpu_model(), "cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "cpu_bf16": list(cpu_bf16_flags()),
             "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
-            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            "started": started, "run": f"{started}#{uuid.uuid4().hex[:6]}"}  # run: labels this invocation's records
 
 
 def cpu_model() -> str | None:
@@ -206,14 +208,15 @@ def run(config: RunConfig, out_dir: str | Path, progress: bool = True, agent: Ag
     if progress:
         print(describe_protocols(protocols), flush=True)
     with run_folder(out_dir, cfg_path, rec_path):
-        write_config(cfg_path, first, resolved, {"episodes": [e.id for e in episodes]})
+        run_id = write_config(cfg_path, first, resolved, {"episodes": [e.id for e in episodes]})["run"]
         with rec_path.open("a", encoding="utf-8") as f:
             # Episode by episode: inside one episode every protocol shares each sender's read (`shared_reads`).
             for ep in tqdm(todo, desc=f"{len(protocols)} protocols", disable=not progress):
                 with shared_reads():
                     for label, protocol in protocols.items():
                         if (ep.id, label) not in done:
-                            f.write(json.dumps(run_episode(protocol, label, ep, agent), ensure_ascii=False) + "\n")
+                            rec = run_episode(protocol, label, ep, agent) | {"run": run_id}
+                            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
                             f.flush()
     return out_dir
 
@@ -263,15 +266,18 @@ def check_resume(cfg_path: Path, resolved: dict, keys: tuple[str, ...], rec_path
     return first
 
 
-def write_config(cfg_path: Path, first: dict | None, resolved: dict, listing: dict) -> None:
+def write_config(cfg_path: Path, first: dict | None, resolved: dict, listing: dict) -> dict:
     """config.json: the resolved config and environment; resuming keeps the first run's environment, logs
-    each resume's and adds new protocols. `listing` names what the run covers (episode / pair ids)."""
+    each resume's and adds new protocols. `listing` names what the run covers (episode / pair ids). Returns
+    this invocation's environment, whose `run` id labels the records it writes."""
+    env = environment()
     if first is None:
-        record = {"config": resolved, "environment": environment(), "resumed": []}
+        record = {"config": resolved, "environment": env, "resumed": []}
     else:
-        record = first | {"resumed": first.get("resumed", []) + [environment()]}
+        record = first | {"resumed": first.get("resumed", []) + [env]}
         record["config"]["protocols"] = first["config"]["protocols"] | resolved["protocols"]
     cfg_path.write_text(json.dumps(record | listing, indent=2) + "\n")
+    return env
 
 
 def finished(rec_path: Path, key: str) -> set[tuple[str, str]]:
