@@ -310,8 +310,40 @@ def test_fit_and_spans_latent_name_their_devices(agent_for):
     assert m.weight.device == sender.device and out.details["latent_rows"] == 4 and out.receiver_context > 0
 
 
-def test_the_distributed_runner_refuses_it_rather_than_send_rows():
-    from latentwire.transport.run import run_protocol
+# -- on a transport: readers on their own nodes, the answerer on another ---------------------------
+@pytest.mark.parametrize("wire", [False, True])
+@pytest.mark.parametrize("delivery", ["spans", "spans+latent"])
+def test_transport_runs_it_as_in_process(models, tokenizer, merged, wire, delivery):
+    from latentwire.transport import AgentSpec, InProcessTransport, run_protocol
 
-    with pytest.raises(ConfigError, match="cacheback_x.*no distributed runner"):
-        run_protocol(None, ("cacheback_x", {}), ["a"], DOCS[:1], "r", QUESTION)
+    sender = lambda: Agent(models["qwen2"], tokenizer, "qwen2")  # noqa: E731
+    receiver = lambda: Agent(models["gemma3"], merged, "gemma3-merged")  # noqa: E731 (gemma3 really answers)
+    kw = dict(SMALL, max_new_tokens=6)
+    if delivery == "spans+latent":
+        kw |= dict(delivery=delivery, latent_map=fit_latent_map(sender(), receiver(), [DOCS[1]], ridge=1e-2))
+    ref = CacheBackX(**kw).run([sender(), sender()], DOCS, receiver(), QUESTION)
+    with InProcessTransport(wire=wire, sign=wire) as t:
+        for name, fn in (("s0", sender), ("s1", sender), ("r", receiver)):
+            t.add(name, AgentSpec.factory(fn))
+        out = run_protocol(t, CacheBackX(**kw), ["s0", "s1"], list(DOCS), "r", QUESTION)
+    assert (out.answer, out.receiver_context, out.message_bytes, out.kept_spans) == (
+        ref.answer, ref.receiver_context, ref.message_bytes, ref.kept_spans)
+    assert out.answer.strip()  # not a vacuous comparison
+    for key in ("message_rows", "text_rows", "latent_rows", "delivery"):
+        assert out.details[key] == ref.details[key], key
+    assert out.details["latent_rows"] == (4 if delivery == "spans+latent" else 0)
+    assert (min(out.details["wire_bytes"]) > 0) == wire and (None in out.details["signed_by"]) != wire
+
+
+def test_transport_refuses_a_map_of_another_pair_before_any_sender_reads(models, tokenizer, merged, fitted):
+    from latentwire.transport import AgentSpec, InProcessTransport, run_protocol
+
+    senders = [Agent(models["gemma3"], tokenizer, "gemma3") for _ in range(2)]  # the map is qwen2 -> llama-merged
+    with InProcessTransport() as t:
+        for i, agent in enumerate(senders):
+            t.add(f"s{i}", AgentSpec.factory(lambda a=agent: a))
+        t.add("r", AgentSpec.factory(lambda: Agent(models["llama"], merged, "llama-merged")))
+        with pytest.raises(LatentMapMismatchError, match="gemma3"):
+            run_protocol(t, CacheBackX(delivery="spans+latent", latent_map=fitted, **SMALL), ["s0", "s1"], list(DOCS),
+                         "r", QUESTION)
+    assert [a.calls for a in senders] == [[], []]

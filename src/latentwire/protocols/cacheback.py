@@ -36,6 +36,17 @@ _FUNCTION_WORDS = frozenset(
     "as into about after before under over between".split())
 
 
+@dataclass(frozen=True)
+class Sent:
+    """One CacheBack sender's contribution: its message (`CacheBack.pack`), its seconds (read + selection),
+    the document spans of its selected rows, its timing record and the positions of the rows it selected."""
+    part: object  # Rows for CacheBack, Spans for CacheBackX
+    seconds: float
+    kept: tuple
+    timing: dict
+    positions: list[int]
+
+
 @register
 @dataclass
 class CacheBack(Protocol):
@@ -202,12 +213,16 @@ class CacheBack(Protocol):
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
         self.check_window(senders, documents, receiver, question)
         parts, seconds, kept, timing = self.send(senders, documents, question)
-        message = Rows.cat(parts)
+        message = self.receive(receiver, question, parts)
         nbytes = message.nbytes if self.encoding == "rows" else message.token_id_nbytes
         reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
         return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds,
                        {"senders": timing, "message_rows": len(message), "rows_bytes": message.nbytes,
                         "token_id_bytes": message.token_id_nbytes}, kept_spans=tuple(kept))
+
+    def receive(self, receiver: Agent, question: str, parts: Sequence) -> Rows:
+        """The receiver's input from the senders' messages (in sender order): their rows, concatenated."""
+        return Rows.cat(parts)
 
     def pack(self, sender: Agent, state: KVState, rows: torch.Tensor, per_row: list, document: str, index: int):
         """What sender `index` sends for its selected `rows` (timed as its selection): the rows themselves."""
@@ -216,25 +231,27 @@ class CacheBack(Protocol):
     def send(self, senders: Sequence[Agent], documents: Sequence[str], question: str) -> tuple[list, list, list, list]:
         """Each sender reads, scores and selects: (what each sends (`pack`), its seconds, its kept document
         spans per row, its timing record)."""
-        parts, seconds, kept, timing = [], [], [], []
-        for i, (sender, doc) in enumerate(self._pair(senders, documents)):
-            r = self.sender_read(sender, doc, question)
-            state, t1 = r.state, time.perf_counter()
-            t0 = t1 - r.seconds  # charged the read it would pay alone, shared or not
-            per_row, eligible = document_rows(sender, doc, len(state), self.sender_prompt(doc, question))
-            rows = self.choose(sender, state, question, eligible, self.span_groups(per_row, doc), per_row)
-            parts.append(self.pack(sender, state, rows, per_row, doc, i))
-            # Press baselines re-run the prefill to record scores a deployed sender records while reading:
-            # that re-run is not charged, the scoring inside it is.
-            scored_by = self.selector_for(per_row)
-            rerun = getattr(scored_by, "last_seconds", 0.0) - getattr(scored_by, "last_press_seconds", 0.0)
-            t2 = time.perf_counter() - rerun
-            seconds.append(t2 - t0)
-            doc_rows = sum(1 for x in rows.tolist() if x < len(per_row) and per_row[x] is not None)
-            timing.append({"read_s": r.seconds, "select_s": t2 - t1, "rows": len(state), "sent": len(rows),
-                           "sent_document_rows": doc_rows, "shared_read": r.shared})  # sent: + first, latent
-            kept.append(kept_document_spans(per_row, rows))
-        return parts, seconds, kept, timing
+        sent = [self.send_one(sender, doc, question, i) for i, (sender, doc) in enumerate(self._pair(senders, documents))]
+        return [x.part for x in sent], [x.seconds for x in sent], [x.kept for x in sent], [x.timing for x in sent]
+
+    def send_one(self, sender: Agent, document: str, question: str, index: int) -> Sent:
+        """Sender `index` reads, scores and selects (`Sent`). The distributed runner calls this where the sender
+        lives, so a sender does the same work in process and on a node."""
+        r = self.sender_read(sender, document, question)
+        state, t1 = r.state, time.perf_counter()
+        t0 = t1 - r.seconds  # charged the read it would pay alone, shared or not
+        per_row, eligible = document_rows(sender, document, len(state), self.sender_prompt(document, question))
+        rows = self.choose(sender, state, question, eligible, self.span_groups(per_row, document), per_row)
+        part = self.pack(sender, state, rows, per_row, document, index)
+        # Press baselines re-run the prefill to record scores a deployed sender records while reading:
+        # that re-run is not charged, the scoring inside it is.
+        scored_by = self.selector_for(per_row)
+        rerun = getattr(scored_by, "last_seconds", 0.0) - getattr(scored_by, "last_press_seconds", 0.0)
+        t2 = time.perf_counter() - rerun
+        doc_rows = sum(1 for x in rows.tolist() if x < len(per_row) and per_row[x] is not None)
+        timing = {"read_s": r.seconds, "select_s": t2 - t1, "rows": len(state), "sent": len(rows),
+                  "sent_document_rows": doc_rows, "shared_read": r.shared}  # sent: + first, latent
+        return Sent(part, t2 - t0, kept_document_spans(per_row, rows), timing, state.positions[rows].tolist())
 
 
 def calibrate(scores: torch.Tensor, background: torch.Tensor, floor: float = 0.05) -> torch.Tensor:

@@ -110,14 +110,25 @@ class CacheBackX(CacheBack):
         return Spans.of(document, sent_spans(per_row, rows), index,
                         (sender.geometry.model, sender.geometry.tokenizer), latents)
 
-    def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
+    def receive(self, receiver: Agent, question: str, parts: Sequence[Spans]) -> Rows:
+        """The receiver's rows for the senders' Spans (`receiver_rows`, with this protocol's map if it has one)."""
         latent_map = self.map_for(receiver) if self.delivery == "spans+latent" else None
-        for sender in senders if latent_map is not None else ():
-            latent_map.check(sender, receiver)  # refused before any sender reads
+        return receiver_rows(receiver, question, parts, latent_map, self.max_new_tokens)
+
+    def check_map(self, senders: Sequence, receiver: Agent) -> None:
+        """LatentMapMismatchError unless this protocol's map (if any) was fitted for each sender and `receiver`.
+        `senders`: Agents, or (model, tokenizer) pairs where the senders live elsewhere."""
+        if self.delivery == "spans+latent":
+            latent_map = self.map_for(receiver)
+            for sender in senders:
+                latent_map.check(sender, receiver)
+
+    def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
+        self.check_map(senders, receiver)  # refused before any sender reads
         self.check_senders(senders, documents, question)  # every sender's read fits its window, before any reads
         messages, seconds, _, timing = self.send(senders, documents, question)
         t0 = time.perf_counter()
-        rows = receiver_rows(receiver, question, messages, latent_map, self.max_new_tokens)
+        rows = self.receive(receiver, question, messages)
         build_s = time.perf_counter() - t0
         reply = receiver.answer(question, message=rows, max_new_tokens=self.max_new_tokens)
         for t, m in zip(timing, messages):

@@ -3,7 +3,8 @@ the transport carries them, the receiver answers where it lives.
 
     outcome = run_protocol(t, get_protocol("cacheback", ratio=16), ["a", "b", "c"], docs, "r", question)
 
-Supported: cacheback (fan-in), cacheback_chain, fullkv and merge. Each step below does exactly what the
+Supported: cacheback and cacheback_x (fan-in; cacheback_x's senders may hold another model than the
+receiver: their messages are document spans), cacheback_chain, fullkv and merge. Each step below does exactly what the
 protocol's own `run` does for one agent, so the selected positions, the answer and the merge digest
 are the same on every transport (tests/unit/test_transport.py checks in-process against Ray).
 
@@ -45,53 +46,64 @@ def _answer_info(reply) -> dict:
 
 
 # -- steps (run where the node lives; module-level so Ray pickles them by reference) ----------------
-def cacheback_send(node, spec, document: str, question: str):
-    """A CacheBack sender: read (prefill + latent steps), score against the query, send the best rows."""
-    from ..protocols.cacheback import document_rows, kept_document_spans
+def cacheback_send(node, spec, document: str, question: str, index: int = 0):
+    """A CacheBack sender (cacheback, cacheback_x): read (prefill + latent steps), score against the query, send
+    what the protocol sends for the best rows (`CacheBack.send_one`: rows, or document spans across models)."""
+    from ..message import Spans
     from ..select import fanin_budget
     from ..wire import Selection
 
     p, agent = node.protocol(*spec), node.agent
     t0 = time.perf_counter()
-    state = p.read(agent, document, question)
+    sent = p.send_one(agent, document, question, index)
     t1 = time.perf_counter()
-    per_row, eligible = document_rows(agent, document, len(state), p.sender_prompt(document, question))
-    rows = p.choose(agent, state, question, eligible, p.span_groups(per_row, document))
-    kept = state.select(rows)
-    out = agent.rows(kept)
-    rerun = getattr(p._selector, "last_seconds", 0.0) - getattr(p._selector, "last_press_seconds", 0.0)
-    t2 = time.perf_counter() - rerun
-    budget = fanin_budget(len(state), p.ratio)
-    packed = node.pack(out, protocol=p.name, positions=kept.positions.tolist(),
-                       selection=Selection(p.selector, budget, p.ratio),
-                       encoding="token_ids" if p.encoding == "token_ids" else None)
-    info = {"seconds": t2 - t0, "timing": {"read_s": t1 - t0, "select_s": t2 - t1, "rows": len(state),
-                                           "sent": len(rows)},
-            "kept": kept_document_spans(per_row, rows), "positions": kept.positions.tolist(),
-            "pack_s": time.perf_counter() - t2 - rerun, "wire_bytes": _wire_len(packed)}
+    if isinstance(sent.part, Spans):  # text for a receiver of any model: no rows, no row positions
+        packed, kept = node.pack(sent.part, protocol=p.name), sent.part.spans
+    else:
+        budget = fanin_budget(sent.timing["rows"], p.ratio)
+        packed, kept = node.pack(sent.part, protocol=p.name, positions=sent.positions,
+                                 selection=Selection(p.selector, budget, p.ratio),
+                                 encoding="token_ids" if p.encoding == "token_ids" else None), sent.kept
+    info = {"seconds": sent.seconds, "timing": sent.timing, "kept": kept, "positions": sent.positions,
+            "pack_s": time.perf_counter() - t1, "wire_bytes": _wire_len(packed), "step_s": t1 - t0}
     return packed, info
 
 
 def fanin_answer(node, spec, question: str, *packed):
-    """A fan-in receiver (cacheback, fullkv): the senders' messages joined in sender order, then the answer.
+    """A fan-in receiver (cacheback, cacheback_x, fullkv): the senders' messages in sender order, then the answer.
 
-    Rows (cacheback) are concatenated and re-prefilled in the receiver's template slot; KV states
-    (fullkv) are concatenated along the sequence axis. `unpack_s` times decoding plus joining.
+    Rows (cacheback) are concatenated and Spans (cacheback_x) tokenised by this agent (`CacheBack.receive`),
+    then re-prefilled in the receiver's template slot; KV states (fullkv) are concatenated along the sequence
+    axis. `unpack_s` times decoding plus joining.
     """
-    from ..message import Rows
+    from ..message import Rows, Spans
     from ..state import KVState
 
     p = node.protocol(*spec)
     t0 = time.perf_counter()
     got = [node.unpack(m) for m in packed]
     bodies = [g.body for g in got]
-    message = KVState.concat(bodies) if isinstance(bodies[0], KVState) else Rows.cat(bodies)
+    message = KVState.concat(bodies) if isinstance(bodies[0], KVState) else p.receive(node.agent, question, bodies)
     unpack_s = time.perf_counter() - t0
     reply = node.agent.answer(question, message=message, max_new_tokens=p.max_new_tokens)
     out = _answer_info(reply) | _received_info(got) | {"unpack_s": unpack_s, "message_rows": len(message)}
     if isinstance(message, Rows):
         out |= {"rows_bytes": message.nbytes, "token_id_bytes": message.token_id_nbytes}
+    if isinstance(bodies[0], Spans):
+        out |= {"spans_bytes": sum(b.nbytes for b in bodies), "text_rows": int((message.token_ids != -1).sum()),
+                "latent_rows": int((message.token_ids == -1).sum())}
     return out
+
+
+def agent_space(node) -> tuple[str, str]:
+    """The (model, tokenizer) of the agent a node holds: what a latent map is checked against."""
+    g = node.agent.geometry
+    return g.model, g.tokenizer
+
+
+def check_latent_map(node, spec, spaces) -> None:
+    """On the receiver's node, before any sender reads: the protocol's latent map fits every sender and it."""
+    node.protocol(*spec).check_map(spaces, node.agent)
 
 
 def fullkv_send(node, spec, document: str, question: str):
@@ -180,8 +192,6 @@ def run_protocol(transport: Transport, protocol: Protocol | tuple[str, dict], se
 
     if isinstance(protocol, tuple):
         protocol = get_protocol(protocol[0], **protocol[1])
-    if isinstance(protocol, CacheBackX):  # a CacheBack whose message is Spans: the rows runner would send rows
-        raise ConfigError(f"protocol {protocol.name!r} has no distributed runner yet; run it in process (.run)")
     if on_lost not in ON_LOST:
         raise ConfigError(f"on_lost: want one of {ON_LOST}, got {on_lost!r}")
     if len(senders) != len(documents):
@@ -191,6 +201,8 @@ def run_protocol(transport: Transport, protocol: Protocol | tuple[str, dict], se
     if isinstance(protocol, CacheBackChain):
         out = _run_chain(transport, spec, senders, documents, receiver, question, after_dispatch)
     elif isinstance(protocol, (CacheBack, FullKV)):
+        if isinstance(protocol, CacheBackX):  # a map of another pair is refused before any sender reads
+            transport.run(receiver, check_latent_map, spec, [transport.run(s, agent_space) for s in senders])
         kind = "merge" if isinstance(protocol, Merge) else "cacheback" if isinstance(protocol, CacheBack) else "fullkv"
         send, answer = {"cacheback": (cacheback_send, fanin_answer), "merge": (merge_think, merge_judge),
                         "fullkv": (fullkv_send, fanin_answer)}[kind]
@@ -198,7 +210,7 @@ def run_protocol(transport: Transport, protocol: Protocol | tuple[str, dict], se
                          after_dispatch)
     else:
         raise ConfigError(f"protocol {protocol.name!r} has no distributed runner; run_protocol supports "
-                          "cacheback, cacheback_chain, fullkv and merge")
+                          "cacheback, cacheback_x, cacheback_chain, fullkv and merge")
     out.details["wall_s"] = time.perf_counter() - t0
     out.details["transport"] = transport.name
     return out
@@ -208,7 +220,8 @@ def _run_fanin(t: Transport, spec, kind, send, answer, senders, documents, recei
     handles, lost = [], []
     for s, d in zip(senders, documents):
         try:
-            handles.append(t.submit(s, send, spec, d, question, n_out=2))
+            args = (len(handles),) if kind == "cacheback" else ()  # a CacheBack sender's index in the fan-in
+            handles.append(t.submit(s, send, spec, d, question, *args, n_out=2))
         except NodeLostError:
             if on_lost == "raise":
                 raise
@@ -236,9 +249,14 @@ def _run_fanin(t: Transport, spec, kind, send, answer, senders, documents, recei
                "answer_token_ids": got["token_ids"]}
     kept = None
     if kind == "cacheback":
-        nbytes = got["rows_bytes"] if spec[1]["encoding"] == "rows" else got["token_id_bytes"]
-        details |= {"senders": [i["timing"] for i in live], "rows_bytes": got["rows_bytes"],
-                    "token_id_bytes": got["token_id_bytes"], "sent_positions": [i["positions"] for i in live]}
+        if "spans_bytes" in got:  # cacheback_x: document text (+ latent rows) for a receiver of another model
+            nbytes = got["spans_bytes"]
+            details |= {"delivery": spec[1]["delivery"], "text_rows": got["text_rows"],
+                        "latent_rows": got["latent_rows"]}
+        else:
+            nbytes = got["rows_bytes"] if spec[1]["encoding"] == "rows" else got["token_id_bytes"]
+            details |= {"rows_bytes": got["rows_bytes"], "token_id_bytes": got["token_id_bytes"]}
+        details |= {"senders": [i["timing"] for i in live], "sent_positions": [i["positions"] for i in live]}
         kept = tuple(() if i is None else tuple(i["kept"]) for i in infos)
         receiver_s = got["seconds"] + got["unpack_s"]
     elif kind == "merge":
