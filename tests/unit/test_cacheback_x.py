@@ -332,7 +332,33 @@ def test_transport_runs_it_as_in_process(models, tokenizer, merged, wire, delive
     for key in ("message_rows", "text_rows", "latent_rows", "delivery"):
         assert out.details[key] == ref.details[key], key
     assert out.details["latent_rows"] == (4 if delivery == "spans+latent" else 0)
+    assert out.details["text_bytes"] == ref.details["text_bytes"] and out.details["latent_bytes"] == ref.details[
+        "latent_bytes"]
+    for got, want in zip(out.details["senders"], ref.details["senders"]):  # each reader's record, as in process
+        assert {k: got[k] for k in ("spans", "text_chars", "latent_rows", "rows", "sent")} == {
+            k: want[k] for k in ("spans", "text_chars", "latent_rows", "rows", "sent")}
     assert (min(out.details["wire_bytes"]) > 0) == wire and (None in out.details["signed_by"]) != wire
+
+
+@pytest.mark.parametrize("delivery", ["spans", "spans+latent"])
+def test_transport_answers_from_the_readers_that_survive(models, tokenizer, merged, delivery):
+    from latentwire.transport import AgentSpec, InProcessTransport, NodeLostError, run_protocol
+
+    sender = lambda: Agent(models["qwen2"], tokenizer, "qwen2")  # noqa: E731
+    receiver = lambda: Agent(models["gemma3"], merged, "gemma3-merged")  # noqa: E731
+    kw = dict(SMALL, max_new_tokens=6)
+    if delivery == "spans+latent":
+        kw |= dict(delivery=delivery, latent_map=fit_latent_map(sender(), receiver(), [DOCS[1]], ridge=1e-2))
+    ref = CacheBackX(**kw).run([sender()], DOCS[:1], receiver(), QUESTION)  # what reader s0 alone gives
+    with InProcessTransport() as t:
+        for name, fn in (("s0", sender), ("s1", sender), ("r", receiver)):
+            t.add(name, AgentSpec.factory(fn))
+        t.kill("s1")
+        with pytest.raises(NodeLostError, match="s1"):
+            run_protocol(t, CacheBackX(**kw), ["s0", "s1"], list(DOCS), "r", QUESTION)
+        out = run_protocol(t, CacheBackX(**kw), ["s0", "s1"], list(DOCS), "r", QUESTION, on_lost="skip")
+    assert out.details["lost"] == ["s1"] and (out.answer, out.message_bytes) == (ref.answer, ref.message_bytes)
+    assert out.kept_spans == (ref.kept_spans[0], ())
 
 
 def test_transport_refuses_a_map_of_another_pair_before_any_sender_reads(models, tokenizer, merged, fitted):

@@ -117,7 +117,7 @@ class CacheBackX(CacheBack):
 
     def check_map(self, senders: Sequence, receiver: Agent) -> None:
         """LatentMapMismatchError unless this protocol's map (if any) was fitted for each sender and `receiver`.
-        `senders`: Agents, or (model, tokenizer) pairs where the senders live elsewhere."""
+        `senders`: Agents, or their Geometries where the senders live elsewhere (a transport)."""
         if self.delivery == "spans+latent":
             latent_map = self.map_for(receiver)
             for sender in senders:

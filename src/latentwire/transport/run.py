@@ -57,8 +57,11 @@ def cacheback_send(node, spec, document: str, question: str, index: int = 0):
     t0 = time.perf_counter()
     sent = p.send_one(agent, document, question, index)
     t1 = time.perf_counter()
-    if isinstance(sent.part, Spans):  # text for a receiver of any model: no rows, no row positions
+    if isinstance(sent.part, Spans):  # text (+ latent rows) for a receiver of any model: the message names no rows
         packed, kept = node.pack(sent.part, protocol=p.name), sent.part.spans
+        m = sent.part
+        sent.timing.update(spans=len(m.spans), text_chars=len(m.text), latent_rows=0 if m.latents is None else
+                           len(m.latents))  # as CacheBackX.run records them
     else:
         budget = fanin_budget(sent.timing["rows"], p.ratio)
         packed, kept = node.pack(sent.part, protocol=p.name, positions=sent.positions,
@@ -90,20 +93,20 @@ def fanin_answer(node, spec, question: str, *packed):
     if isinstance(message, Rows):
         out |= {"rows_bytes": message.nbytes, "token_id_bytes": message.token_id_nbytes}
     if isinstance(bodies[0], Spans):
-        out |= {"spans_bytes": sum(b.nbytes for b in bodies), "text_rows": int((message.token_ids != -1).sum()),
-                "latent_rows": int((message.token_ids == -1).sum())}
+        text_bytes = sum(len(b.text.encode("utf-8")) for b in bodies)
+        out |= {"spans_bytes": sum(b.nbytes for b in bodies), "text_bytes": text_bytes,
+                "text_rows": int((message.token_ids != -1).sum()), "latent_rows": int((message.token_ids == -1).sum())}
     return out
 
 
-def agent_space(node) -> tuple[str, str]:
-    """The (model, tokenizer) of the agent a node holds: what a latent map is checked against."""
-    g = node.agent.geometry
-    return g.model, g.tokenizer
+def agent_geometry(node):
+    """The Geometry of the agent a node holds (model, tokenizer, sizes): what a latent map is checked against."""
+    return node.agent.geometry
 
 
-def check_latent_map(node, spec, spaces) -> None:
+def check_latent_map(node, spec, geometries) -> None:
     """On the receiver's node, before any sender reads: the protocol's latent map fits every sender and it."""
-    node.protocol(*spec).check_map(spaces, node.agent)
+    node.protocol(*spec).check_map(geometries, node.agent)
 
 
 def fullkv_send(node, spec, document: str, question: str):
@@ -201,8 +204,8 @@ def run_protocol(transport: Transport, protocol: Protocol | tuple[str, dict], se
     if isinstance(protocol, CacheBackChain):
         out = _run_chain(transport, spec, senders, documents, receiver, question, after_dispatch)
     elif isinstance(protocol, (CacheBack, FullKV)):
-        if isinstance(protocol, CacheBackX):  # a map of another pair is refused before any sender reads
-            transport.run(receiver, check_latent_map, spec, [transport.run(s, agent_space) for s in senders])
+        if isinstance(protocol, CacheBackX) and protocol.delivery == "spans+latent":
+            _check_map_first(transport, spec, senders, receiver, on_lost)
         kind = "merge" if isinstance(protocol, Merge) else "cacheback" if isinstance(protocol, CacheBack) else "fullkv"
         send, answer = {"cacheback": (cacheback_send, fanin_answer), "merge": (merge_think, merge_judge),
                         "fullkv": (fullkv_send, fanin_answer)}[kind]
@@ -214,6 +217,27 @@ def run_protocol(transport: Transport, protocol: Protocol | tuple[str, dict], se
     out.details["wall_s"] = time.perf_counter() - t0
     out.details["transport"] = transport.name
     return out
+
+
+def _check_map_first(t: Transport, spec, senders, receiver, on_lost) -> None:
+    """A latent map of another pair is refused before any sender reads: every sender's geometry (asked of all
+    at once; a lost sender is left out under on_lost="skip", as the fan-in will leave it out), checked where
+    the map lives, on the receiver."""
+    handles = []
+    for s in senders:
+        try:
+            handles.append(t.submit(s, agent_geometry))
+        except NodeLostError:
+            if on_lost == "raise":
+                raise
+    geometries = []
+    for h in handles:
+        try:
+            geometries.append(t.get(h))
+        except NodeLostError:
+            if on_lost == "raise":
+                raise
+    t.run(receiver, check_latent_map, spec, geometries)
 
 
 def _run_fanin(t: Transport, spec, kind, send, answer, senders, documents, receiver, question, on_lost, after_dispatch):
@@ -252,7 +276,8 @@ def _run_fanin(t: Transport, spec, kind, send, answer, senders, documents, recei
         if "spans_bytes" in got:  # cacheback_x: document text (+ latent rows) for a receiver of another model
             nbytes = got["spans_bytes"]
             details |= {"delivery": spec[1]["delivery"], "text_rows": got["text_rows"],
-                        "latent_rows": got["latent_rows"]}
+                        "latent_rows": got["latent_rows"], "text_bytes": got["text_bytes"],
+                        "latent_bytes": nbytes - got["text_bytes"]}
         else:
             nbytes = got["rows_bytes"] if spec[1]["encoding"] == "rows" else got["token_id_bytes"]
             details |= {"rows_bytes": got["rows_bytes"], "token_id_bytes": got["token_id_bytes"]}
