@@ -35,6 +35,7 @@ PROTOCOLS = {
     "merge": ("merge", SMALL),
     "merge_bag": ("merge", dict(render="bag", **SMALL)),
     "chain": ("cacheback_chain", dict(ratio=4.0, **SMALL)),
+    "cacheback_x": ("cacheback_x", dict(ratio=4.0, **SMALL)),  # same model here; spans messages (no rows)
 }
 SENDERS, RECEIVER = ("sender-0", "sender-1"), "receiver"  # the names `latentwire serve` gives its agents
 VICTIMS = ("v", "w")  # Ray nodes the kill tests kill
@@ -112,11 +113,11 @@ def test_inprocess_zero_copy_matches_protocol_run(zero_copy, reference, key):
     assert out.details["transport"] == "inprocess"
     assert out.details["wire_bytes"] == [0] * len(out.details["wire_bytes"])  # passed by reference
     assert out.details["signed_by"] == [None] * len(out.details["signed_by"])
-    if key.startswith("cacheback"):
+    if key in ("cacheback", "cacheback_token_ids"):  # rows name their positions; spans do not
         assert out.details["positions"] == out.details["sent_positions"]
 
 
-@pytest.mark.parametrize("key", ["cacheback", "cacheback_token_ids", "fullkv", "merge", "chain"])
+@pytest.mark.parametrize("key", ["cacheback", "cacheback_token_ids", "fullkv", "merge", "chain", "cacheback_x"])
 def test_inprocess_over_the_wire_signed_and_sealed(reference, key):
     with InProcessTransport(wire=True, sign=True, key=generate_key()) as t:
         for name in SENDERS + (RECEIVER,):
@@ -188,7 +189,7 @@ def test_ray_nodes_are_separate_processes(ray_t):
     assert len(set(ray_t.public_keys().values())) == 5
 
 
-@pytest.mark.parametrize("key", ["cacheback", "cacheback_token_ids", "merge", "chain"])
+@pytest.mark.parametrize("key", ["cacheback", "cacheback_token_ids", "merge", "chain", "cacheback_x"])
 def test_ray_matches_inprocess(ray_t, zero_copy, reference, key):
     protocol = _protocol(key)
     remote = run_protocol(ray_t, protocol, list(SENDERS), list(DOCS[:2]), RECEIVER, QUESTION)
