@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from latent_vs_text import cell_episodes, commands, ensure_episodes, log_command  # noqa: E402  (its episodes, logs)
 
 from latentwire.agent import Agent  # noqa: E402
-from latentwire.bench.report import compare, mixed_note, verdict  # noqa: E402
+from latentwire.bench.report import compare, verdict_table  # noqa: E402
 from latentwire.bench.runner import environment, finished, run_episode  # noqa: E402
 from latentwire.errors import LatentWireError  # noqa: E402
 from latentwire.protocols import get_protocol  # noqa: E402
@@ -133,10 +133,9 @@ def report(folder: Path, pairs, ratios, cmds: list[str]) -> str:
                      f"{med([r['message_bytes'] for r in ok if r['message_bytes'] is not None]):,.0f} | "
                      f"{med([r['tteoa'] for r in ok]):.2f} | "
                      f"{med([max(r['sender_seconds'], default=0.0) for r in ok]):.2f} |")
-    lines += ["", "Paired verdicts (accuracy a − b, 95% paired bootstrap CI, exact McNemar p; median TTEOA a ÷ b):", "",
-              "| a vs b | n | accuracy a vs b | difference | McNemar p | TTEOA a ÷ b |", "|---|---:|---|---|---:|---|"]
+    lines += ["", "Paired verdicts (accuracy a − b, 95% paired bootstrap CI, exact McNemar p; median TTEOA a ÷ b):", ""]
     comparisons = [c for c in (compare(records, a, b) for a, b in verdict_pairs(pairs, ratios, set(labels))) if c]
-    lines += [verdict(c) for c in comparisons] + mixed_note(comparisons)
+    lines += verdict_table(comparisons)
     text = "\n".join(lines) + "\n"
     (folder / "report.md").write_text(text)
     return text

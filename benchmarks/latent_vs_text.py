@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 
 from latentwire.bench.episode import write_episodes
-from latentwire.bench.report import compare, mixed_note, read_run, verdict, write_report
+from latentwire.bench.report import (VERDICT_HEADER, compare, holm_note, mixed_note, read_run, verdict, with_holm,
+                                     write_report)
 from latentwire.bench.runner import RunConfig, run
 from latentwire.bench.tasks import code, facts
 
@@ -154,9 +155,10 @@ def write_index(out: Path) -> None:
              "Accuracy difference a − b with its 95% paired bootstrap CI, exact McNemar p, median TTEOA "
              "ratio a ÷ b with its 95% bootstrap CI. Each cell's folder holds its episodes, config, "
              "records, full report, plots and the command that ran it.", "",
-             "| cell | a vs b | n | accuracy a vs b | difference | McNemar p | TTEOA a ÷ b |",
-             "|---|---|---:|---|---|---:|---|"]
-    lines += [f"| {cell} " + verdict(c) for cell, c, _, _ in rows] + mixed_note([c for _, c, _, _ in rows])
+             "| cell " + VERDICT_HEADER[0], "|---" + VERDICT_HEADER[1]]
+    comparisons = with_holm([c for _, c, _, _ in rows])  # the family: every verdict of this table
+    lines += [f"| {cell} " + verdict(c) for cell, c, _, _ in rows]
+    lines += ["", holm_note(len(comparisons))] + mixed_note(comparisons)
     lines += ["", "Commands:", ""] + sorted({f"- {cell.rsplit('_', 1)[0]} ({dtype}): `{cmd}`"
                                              for cell, _, dtype, cmd in rows})
     lines += ["", "In progress:", ""] + progress if progress else []

@@ -169,6 +169,14 @@ def test_paired_statistics():
         paired_bootstrap_diff([1], [1, 0])
 
 
+def test_holm_adjusts_a_family_of_p_values():
+    from latentwire.bench.metrics import holm
+
+    # sorted 0.005, 0.01, 0.03, 0.04 -> ×4, ×3, ×2, ×1 = 0.02, 0.03, 0.06, 0.04 -> monotone: 0.02, 0.03, 0.06, 0.06
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.9]) == [1.0, 1.0] and holm([0.2]) == [0.2] and holm([]) == []
+
+
 def test_verdict_flags_times_paired_across_runs():
     from latentwire.bench.report import compare, mixed_note, verdict
 
@@ -220,7 +228,7 @@ def test_default_verdict_pairs_and_report_table(tiny_task, tmp_path):
         progress=False, agent=agent)
     text = write_report(out, [("fullkv(latent_steps=0, max_new_tokens=2)", "alone(max_new_tokens=2)")]).read_text()
     assert "| `fullkv(latent_steps=0, max_new_tokens=2)` vs `alone(max_new_tokens=2)` | 3 |" in text
-    assert "McNemar" in text
+    assert "McNemar" in text and "| Holm p |" in text and "adjusted over the 1 verdict of this table" in text
 
 
 def test_bad_arguments_leave_no_run_folder(tiny_task, tmp_path):

@@ -114,6 +114,17 @@ def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> float:
     return min(1.0, 2 * tail)
 
 
+def holm(ps: Sequence[float]) -> list[float]:
+    """Holm–Bonferroni adjusted p-values, in the order given: the i-th smallest p is multiplied by (m − i),
+    made non-decreasing along the sorted order and capped at 1. Rejecting where the adjusted p ≤ α keeps the
+    chance of any false "difference" among the m verdicts of a table at most α."""
+    m, out, running = len(ps), [0.0] * len(ps), 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda j: ps[j])):
+        running = max(running, min(1.0, (m - rank) * float(ps[i])))
+        out[i] = running
+    return out
+
+
 def median_ratio_ci(num: Sequence[float], den: Sequence[float], n_resamples: int = 2000, seed: int = 0,
                     level: float = 0.95) -> tuple[float, float, float]:
     """Median over episodes of num_i / den_i (e.g. TTEOA of a over TTEOA of b), with a bootstrap CI."""

@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 
 from ..errors import LatentWireError
-from .metrics import bootstrap_ci, bootstrap_median_ci, mcnemar_exact, median_ratio_ci, paired_bootstrap_diff
+from .metrics import bootstrap_ci, bootstrap_median_ci, holm, mcnemar_exact, median_ratio_ci, paired_bootstrap_diff
 
 REFERENCES = ("alone", "text", "fullcontext", "packllm")  # protocols that send no latent message
 
@@ -101,13 +101,37 @@ def compare(records: list[dict], a: str, b: str) -> dict | None:
             if timed else None, "n_timed": len(timed), "tteoa_mixed": mixed}
 
 
+VERDICT_HEADER = ["| a vs b | n | accuracy a vs b | difference | McNemar p | Holm p | TTEOA a ÷ b |",
+                  "|---|---:|---|---|---:|---:|---|"]
+
+
+def holm_note(m: int) -> str:
+    return (f"Holm p: the McNemar p adjusted over the {m} verdict{'s' * (m != 1)} of this table (Holm–Bonferroni), "
+            "so that \"Holm p ≤ 0.05\" keeps the chance of any false difference among them at most 5%.")
+
+
+def with_holm(comparisons: list[dict]) -> list[dict]:
+    """The comparisons of one table, each with `p_holm`: its McNemar p adjusted over the table (the family)."""
+    for c, q in zip(comparisons, holm([c["p"] for c in comparisons])):
+        c["p_holm"] = q
+    return comparisons
+
+
 def verdict(c: dict) -> str:
-    """One table row that reads as a verdict; a TTEOA ratio over pairs timed by different runs is marked †."""
+    """One table row that reads as a verdict (columns: VERDICT_HEADER); a TTEOA ratio over pairs timed by
+    different runs is marked †; the Holm column is "—" until `with_holm` has set it."""
     d, lo, hi = (100 * x for x in c["diff"])
     t = "—" if c["tteoa_ratio"] is None else "×{:.2f} [{:.2f}, {:.2f}]".format(*c["tteoa_ratio"])
     t += " †" if c.get("tteoa_mixed") else ""
+    q = "—" if c.get("p_holm") is None else f"{c['p_holm']:.3g}"
     return (f"| `{c['a']}` vs `{c['b']}` | {c['n']} | {c['acc_a']:.2f} vs {c['acc_b']:.2f} | {d:+.0f} pp "
-            f"[{lo:+.0f}, {hi:+.0f}] | {c['p']:.3g} | {t} |")
+            f"[{lo:+.0f}, {hi:+.0f}] | {c['p']:.3g} | {q} | {t} |")
+
+
+def verdict_table(comparisons: list[dict]) -> list[str]:
+    """Header, one verdict row per comparison (Holm-adjusted over them) and the footnotes that apply."""
+    rows = [verdict(c) for c in with_holm(comparisons)]
+    return VERDICT_HEADER + rows + ["", holm_note(len(comparisons))] + mixed_note(comparisons)
 
 
 def mixed_note(comparisons: list[dict]) -> list[str]:
@@ -173,9 +197,7 @@ def write_report(run_dir: str | Path, pairs: list[tuple[str, str]] | None = None
     if comparisons:
         lines += ["", "Verdicts (paired, on the episodes both protocols ran): accuracy difference a − b with its "
                   "95% paired bootstrap CI, exact McNemar p on answered-correctly, median TTEOA ratio a ÷ b "
-                  "with its 95% bootstrap CI.", "",
-                  "| a vs b | n | accuracy a vs b | difference | McNemar p | TTEOA a ÷ b |",
-                  "|---|---:|---|---|---:|---|"] + [verdict(c) for c in comparisons] + mixed_note(comparisons)
+                  "with its 95% bootstrap CI.", ""] + verdict_table(comparisons)
     errors = [r for r in records if r.get("error")]
     if errors:
         lines += ["", "Errors (first 5):", ""] + [f"- `{r['protocol']}` on `{r['episode']}`: {r['error'][:200]}"
