@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_translators import PAIRS  # noqa: E402  (the grid's pairs)
 from translators import GRID, ROWS, TRAINED, median  # noqa: E402
 
-from latentwire.bench.metrics import bootstrap_ci, mcnemar_exact, stratified_bootstrap_ci  # noqa: E402
+from latentwire.bench.metrics import bootstrap_ci, holm, mcnemar_exact, stratified_bootstrap_ci  # noqa: E402
+from latentwire.bench.report import holm_note  # noqa: E402
 
 METHOD_ROW = {method: label for label, method, _ in TRAINED}
 SHARED_CONTEXT = ("c2c", "c2c (input gate)")  # both models read both documents
@@ -144,16 +145,16 @@ def page(grid: Path, cells: dict) -> tuple[str, dict]:
         summary[row]["em"] = em
         lines.append(f"| {row}{tag} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {em:.3f} | {k} | {n} | {tteoa:.2f} | "
                      + (f"{ms:.1f} |" if ms == ms else "– |"))
-    lines += ["", "## Verdicts", "", "| claim | a − b | macro difference [95% CI] | McNemar p | episodes | verdict |",
-              "|---|---|---|---:|---:|---|"]
-    verdicts = []
-    for a, b, claim in VERDICTS:
-        v = paired(cells, a, b)
-        if v is None:
-            continue
-        verdicts.append({"a": a, "b": b, "claim": claim, **v, "verdict": decide(v)})
-        lines.append(f"| {claim} | {a} − {b} | {100 * v['diff']:+.1f} pp [{100 * v['low']:+.1f}, "
-                     f"{100 * v['high']:+.1f}] | {v['p']:.3g} | {v['n']} | {decide(v)} |")
+    lines += ["", "## Verdicts", "", "| claim | a − b | macro difference [95% CI] | McNemar p | Holm p | episodes | "
+              "verdict |", "|---|---|---|---:|---:|---:|---|"]
+    verdicts = [{"a": a, "b": b, "claim": claim, **v, "verdict": decide(v)}
+                for a, b, claim in VERDICTS if (v := paired(cells, a, b)) is not None]
+    for v, q in zip(verdicts, holm([v["p"] for v in verdicts])):
+        v["p_holm"] = q
+        lines.append(f"| {v['claim']} | {v['a']} − {v['b']} | {100 * v['diff']:+.1f} pp [{100 * v['low']:+.1f}, "
+                     f"{100 * v['high']:+.1f}] | {v['p']:.3g} | {q:.3g} | {v['n']} | {v['verdict']} |")
+    if verdicts:
+        lines += ["", holm_note(len(verdicts))]
     for pair in pairs_done:
         lines += ["", f"## {pair.replace(':', ' → ')}", "",
                   "| method | " + " | ".join(f"{t} accuracy [95% CI]" for t in tasks) + " | median TTEOA s | "

@@ -45,7 +45,7 @@ def test_page_from_cells(tmp_path, monkeypatch):
     assert v["diff"] == pytest.approx(0.5) and v["n"] == 6 and v["p"] == pytest.approx(2 / 8)
     text = tr.write_page(tmp_path)
     assert "| xkv | 0.750 [" in text and "] | 0.000 | 2 | 6 |" in text  # macro EM beside accuracy
-    assert "XKV > LCF-X | xkv − lcfx | +50.0 pp" in text
+    assert "XKV > LCF-X | xkv − lcfx | +50.0 pp" in text and "| Holm p |" in text and "Holm–Bonferroni" in text
     assert "not yet:" in text  # the grid's own pairs are listed as pending
     assert (tmp_path / "README.md").exists() and (tmp_path / "accuracy.png").exists()
     assert json.loads((tmp_path / "grid.json").read_text())["pairs"] == ["a:b"]
