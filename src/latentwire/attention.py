@@ -62,7 +62,7 @@ def query_attention(agent: Agent, state: KVState, query: str):
     hooks = []
     for i in layers:
         attn = agent.model.model.layers[i].self_attn
-        hooks.append(attn.q_proj.register_forward_hook(lambda mod, inp, out, i=i: captured[i].__setitem__(0, out)))
+        hooks.append(_query_hook(attn, lambda out, i=i: captured[i].__setitem__(0, out)))
         hooks.append(attn.register_forward_pre_hook(
             lambda mod, args, kwargs, i=i: captured[i].__setitem__(1, kwargs.get("position_embeddings")),
             with_kwargs=True))
@@ -92,6 +92,18 @@ def query_attention(agent: Agent, state: KVState, query: str):
             logits = torch.tanh(logits / cap) * cap
         logits[..., T:].masked_fill_(~causal, float("-inf"))
         yield i, logits.softmax(dim=-1)  # (H_q, m, T + m)
+
+
+def _query_hook(attn, store):
+    """Hook that passes the layer's query projection output (1, m, H_q·D) to `store`: its `q_proj`, or the
+    query slice of a fused `qkv_proj` (Phi-3: [Q; K; V] along the last dim, Q first)."""
+    if hasattr(attn, "q_proj"):
+        return attn.q_proj.register_forward_hook(lambda mod, inp, out: store(out))
+    if hasattr(attn, "qkv_proj"):
+        n = attn.config.num_attention_heads * attn.head_dim
+        return attn.qkv_proj.register_forward_hook(lambda mod, inp, out: store(out[..., :n]))
+    raise StateFormatError(f"{type(attn).__name__} has neither q_proj nor a fused qkv_proj: cannot score its "
+                           "queries (unsupported attention module)")
 
 
 def _rotated_queries(attn, q_proj: torch.Tensor, cos_sin) -> torch.Tensor:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from latentwire.agent import Agent
-from latentwire.models import tiny_model, tiny_tokenizer, tokenizer_fingerprint
+from latentwire.models import OTHER_ARCHS, tiny_model, tiny_tokenizer, tokenizer_fingerprint
 from latentwire.state import Geometry, KVState
 
 ARCHS = ("llama", "gemma3", "qwen2")
@@ -16,7 +16,8 @@ ROPE_VARIANTS = {
                "high_freq_factor": 4.0, "original_max_position_embeddings": 256},
     "linear": {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
 }
-MODEL_KEYS = ARCHS + tuple(f"llama-{v}" for v in ROPE_VARIANTS)
+# Architectures users bring (Qwen3, Mistral, Phi-3 with fused qkv and partial rotary): the state laws run on them too.
+MODEL_KEYS = ARCHS + tuple(f"llama-{v}" for v in ROPE_VARIANTS) + OTHER_ARCHS
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -60,12 +61,13 @@ def models():
 
 @pytest.fixture(scope="session")
 def model_for(models):
-    """key in MODEL_KEYS -> model; RoPE-variant llamas are built on first use and kept."""
+    """key in MODEL_KEYS -> model; RoPE-variant llamas and the other architectures are built on first use and kept."""
     cache = dict(models)
 
     def get(key: str):
         if key not in cache:
-            cache[key] = tiny_model("llama", rope_parameters=ROPE_VARIANTS[key.removeprefix("llama-")])
+            cache[key] = tiny_model(key) if key in OTHER_ARCHS else tiny_model(
+                "llama", rope_parameters=ROPE_VARIANTS[key.removeprefix("llama-")])
         return cache[key]
 
     return get

@@ -2,12 +2,15 @@
 
 They keep what matters for exactness tests: GQA (Llama, Qwen2), Gemma3's hybrid sliding/global
 layers with their two RoPE bases and √d embedding scale, and a tokenizer with a chat template.
+`OTHER_ARCHS` are architectures users bring that differ where it matters: Qwen3 (per-head q/k norm),
+Mistral, Phi-3 (one fused qkv projection; here with partial rotary, half of each head rotated).
 """
 from __future__ import annotations
 
 import torch
 
 TINY_ARCHS = ("llama", "gemma3", "qwen2")
+OTHER_ARCHS = ("qwen3", "mistral", "phi3")
 _SPECIALS = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 _CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -53,7 +56,7 @@ TINY_VOCAB = 264  # ≥ len(tiny_tokenizer()) == 261
 
 
 def tiny_config(arch: str, **overrides):
-    from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config
+    from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
     common = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                   max_position_embeddings=1024, tie_word_embeddings=True, bos_token_id=1, eos_token_id=4,
@@ -69,10 +72,18 @@ def tiny_config(arch: str, **overrides):
             rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
                              "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0}},
         ) | overrides)
+    elif arch == "qwen3":
+        cfg = Qwen3Config(**common | dict(num_hidden_layers=3, num_key_value_heads=2, head_dim=16) | overrides)
+    elif arch == "mistral":
+        cfg = MistralConfig(**common | dict(num_hidden_layers=3, num_key_value_heads=2, head_dim=16,
+                                            sliding_window=None) | overrides)
+    elif arch == "phi3":
+        cfg = Phi3Config(**common | dict(num_hidden_layers=3, num_key_value_heads=2, partial_rotary_factor=0.5)
+                         | overrides)
     else:
         from ..errors import UnknownNameError
 
-        raise UnknownNameError("tiny architecture", arch, TINY_ARCHS)
+        raise UnknownNameError("tiny architecture", arch, TINY_ARCHS + OTHER_ARCHS)
     cfg._attn_implementation = "eager"
     return cfg
 

@@ -1,0 +1,66 @@
+"""Architectures users bring, beyond the three bundled ones: Qwen3 (per-head q/k norm), Mistral, and Phi-3
+(one fused qkv projection; the tiny one rotates half of each head). The state laws (re-rotation, compaction)
+run on them through `model_key` in test_state_rerotation.py; here: the query attention CacheBack scores with
+equals eager attention, a think loop equals one forward, and a fan-in round trip works, on the wire too.
+"""
+import pytest
+import torch
+
+from latentwire.agent import Agent
+from latentwire.models import OTHER_ARCHS, tiny_model
+from latentwire.protocols import get_protocol
+from latentwire.state import KVState
+from latentwire.wire import decode, encode
+
+from test_attend import DOC, QUERY, eager_attention
+
+DOCS = ("The access code of the north warehouse is 7341. The lights were replaced.",
+        "Maria Lopez leads the Falcon project, which is based in Lisbon.")
+
+
+@pytest.fixture(scope="module", params=OTHER_ARCHS)
+def other_arch(request, tokenizer):
+    return request.param, Agent(tiny_model(request.param), tokenizer, model_name=request.param)
+
+
+def test_rope_is_what_the_model_rotates_with(other_arch):
+    arch, agent = other_arch
+    (kind, spec), = agent.geometry.rope
+    head_dim = agent.geometry.head_dim
+    assert kind == "global" and spec.rotary_dim == (head_dim // 2 if arch == "phi3" else head_dim)
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_query_attention_equals_eager_weights(other_arch, implementation):
+    _, agent = other_arch
+    agent.model.set_attn_implementation(implementation)
+    try:
+        state = agent.think(agent.prefill(DOC), steps=2)
+        got = agent.attend(state, QUERY)
+        want = eager_attention(agent, state, QUERY)
+    finally:
+        agent.model.set_attn_implementation("eager")
+    assert got.shape == want.shape == (3, 4, got.shape[2], len(state))
+    assert torch.allclose(got, want, atol=1e-5, rtol=0), float((got - want).abs().max())
+
+
+def test_think_equals_one_forward_over_its_inputs(other_arch, kv_diff):
+    """G latent steps fed one at a time = one forward over the prompt's embeddings then the G latent rows."""
+    _, agent = other_arch
+    state = agent.prefill("Read this. " + DOCS[0])
+    out = agent.think(state, 3)
+    with torch.inference_mode():
+        embeds = torch.cat([agent.embed(state.token_ids), out.latents])[None]
+        cache = agent.model.model(inputs_embeds=embeds, use_cache=True).past_key_values
+    ref = KVState.from_cache(cache, agent.geometry, out.token_ids, out.latents)
+    assert kv_diff(out, ref) <= 1e-4 and kv_diff(out, ref, "values") <= 1e-4
+
+
+@pytest.mark.parametrize("name", ["cacheback", "fullkv"])
+def test_fanin_runs_and_its_state_survives_the_wire(other_arch, name):
+    _, agent = other_arch
+    out = get_protocol(name, latent_steps=2, max_new_tokens=3).run([agent] * 2, list(DOCS), agent, QUERY)
+    assert out.receiver_context > 0 and len(out.kept_spans) == 2
+    state = agent.think(agent.prefill(DOCS[1]), steps=2).shift(40)
+    back = decode(encode(state, protocol="fullkv"), expect=agent.geometry).body
+    assert back.digest() == state.digest() and torch.equal(back.positions, state.positions)
