@@ -20,6 +20,7 @@ from transformers.cache_utils import DynamicCache
 from . import attention
 from .errors import ContextOverflowError, StateFormatError, UnknownNameError
 from .message import Rows
+from .rope import decoder_of
 from .models import load, tokenizer_fingerprint
 from .state import Geometry, KVState
 
@@ -100,6 +101,7 @@ class Stream:
 class Agent:
     def __init__(self, model, tokenizer, model_name: str, context_window: int | None = None):
         self.model, self.tokenizer, self.model_name = model.eval(), tokenizer, model_name
+        self.decoder = decoder_of(model)  # the text decoder stack: model.model, or a multimodal model's language model
         config = model.config.get_text_config(decoder=True)
         self.context_window = context_window or int(config.max_position_embeddings)
         self.calls: list[CallRecord] = []
@@ -188,7 +190,7 @@ class Agent:
         """Run n new rows at positions start..start+n-1 through the model; returns (n, d) final hidden."""
         n = (ids if ids is not None else embeds).shape[-2 if embeds is not None else -1]
         pos = torch.arange(start, start + n, device=self.device)[None]
-        out = self.model.model(input_ids=None if ids is None else self.ids(ids).reshape(1, -1),
+        out = self.decoder(input_ids=None if ids is None else self.ids(ids).reshape(1, -1),
                                inputs_embeds=None if embeds is None else embeds.reshape(1, n, -1),
                                past_key_values=cache, position_ids=pos, use_cache=True)
         return out.last_hidden_state[0]

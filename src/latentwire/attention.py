@@ -61,7 +61,7 @@ def query_attention(agent: Agent, state: KVState, query: str):
     captured: dict[int, list] = {i: [None, None] for i in layers}  # layer -> [q projection, (cos, sin)]
     hooks = []
     for i in layers:
-        attn = agent.model.model.layers[i].self_attn
+        attn = agent.decoder.layers[i].self_attn
         hooks.append(_query_hook(attn, lambda out, i=i: captured[i].__setitem__(0, out)))
         hooks.append(attn.register_forward_pre_hook(
             lambda mod, args, kwargs, i=i: captured[i].__setitem__(1, kwargs.get("position_embeddings")),
@@ -69,14 +69,14 @@ def query_attention(agent: Agent, state: KVState, query: str):
     cache = state.compact().to_cache()
     try:
         with torch.inference_mode():
-            agent.model.model(input_ids=ids[None], past_key_values=cache, use_cache=True,
+            agent.decoder(input_ids=ids[None], past_key_values=cache, use_cache=True,
                               position_ids=torch.arange(T, T + m, device=agent.device)[None])
     finally:
         for h in hooks:
             h.remove()
     causal = torch.ones(m, m, dtype=torch.bool, device=agent.device).tril()  # query i sees query j ≤ i
     for i in layers:
-        attn = agent.model.model.layers[i].self_attn
+        attn = agent.decoder.layers[i].self_attn
         q_proj, cos_sin = captured.pop(i)
         if q_proj is None or cos_sin is None:
             raise StateFormatError(f"layer {i}: attention did not expose its query projection and RoPE "

@@ -51,14 +51,21 @@ class RopeSpec:
         return cls(str(d["rope_type"]), tuple(float(x) for x in d["inv_freq"]), float(d["attention_scaling"]))
 
 
+def decoder_of(model):
+    """The text decoder stack (embeddings, layers, rotary module, final norm) of a causal LM: `model.model` for
+    a *ForCausalLM, the language model of a multimodal *ForConditionalGeneration (Gemma3 4B and up)."""
+    get = getattr(model, "get_decoder", None)
+    decoder = get() if callable(get) else None
+    return decoder if decoder is not None else getattr(model, "model", model)
+
+
 def rope_specs_from_model(model) -> dict[str, RopeSpec]:
     """RoPE per HF layer type ("full_attention", "sliding_attention"), read from the model's rotary module.
 
     Reading the buffers the model itself uses (rather than recomputing from the config) guarantees
     the rotation we undo/redo is the one the model applied.
     """
-    base = getattr(model, "model", model)
-    rotary = getattr(base, "rotary_emb", None)
+    rotary = getattr(decoder_of(model), "rotary_emb", None)
     if rotary is None:
         raise UnsupportedRopeError(f"{type(model).__name__} has no rotary_emb module: not a RoPE model")
     config = model.config.get_text_config(decoder=True)

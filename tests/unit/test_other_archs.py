@@ -64,3 +64,26 @@ def test_fanin_runs_and_its_state_survives_the_wire(other_arch, name):
     state = agent.think(agent.prefill(DOCS[1]), steps=2).shift(40)
     back = decode(encode(state, protocol="fullkv"), expect=agent.geometry).body
     assert back.digest() == state.digest() and torch.equal(back.positions, state.positions)
+
+
+def test_a_multimodal_gemma3_reads_and_answers_as_its_text_model(models, tokenizer):
+    """Gemma3 4B and up load as Gemma3ForConditionalGeneration (a vision tower around the text model): the
+    agent uses its language model, so with the tiny text model's weights every state and answer is the same."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration
+
+    text = models["gemma3"]
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    config = Gemma3Config(text_config=text.config.to_dict(), vision_config=vision, mm_tokens_per_image=4)
+    config.text_config._attn_implementation = text.config._attn_implementation
+    mm = Gemma3ForConditionalGeneration(config).eval()
+    mm.model.language_model.load_state_dict(text.model.state_dict())
+    mm.lm_head.weight = mm.model.language_model.embed_tokens.weight
+    a, b = Agent(text, tokenizer, model_name="gemma3"), Agent(mm, tokenizer, model_name="gemma3")
+    assert a.geometry == b.geometry
+    sa, sb = (x.think(x.prefill("Read this. " + DOCS[0]), steps=2) for x in (a, b))
+    assert sa.digest() == sb.digest()
+    assert torch.equal(a.attend(sa, QUERY), b.attend(sb, QUERY))
+    outs = [get_protocol("cacheback", ratio=4, latent_steps=2, max_new_tokens=6).run([x] * 2, list(DOCS), x, QUERY)
+            for x in (a, b)]
+    assert outs[0].answer == outs[1].answer and outs[0].answer.strip()

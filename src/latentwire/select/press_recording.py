@@ -12,6 +12,7 @@ import torch
 
 from ..agent import Agent
 from ..errors import PressUnsupportedError
+from ..rope import decoder_of
 from ..state import KVState
 
 if TYPE_CHECKING:
@@ -123,7 +124,8 @@ def _model_restored(model, attn_implementation: str | None):
     """Optionally switch the attention implementation; afterwards restore it and drop the
     `self_attn.rotary_emb` attributes kvpress's hook installs on every attention module."""
     before = model.config._attn_implementation
-    had = [hasattr(layer.self_attn, "rotary_emb") for layer in model.model.layers]
+    layers = decoder_of(model).layers
+    had = [hasattr(layer.self_attn, "rotary_emb") for layer in layers]
     if attn_implementation and attn_implementation != before:
         model.set_attn_implementation(attn_implementation)
     try:
@@ -131,7 +133,7 @@ def _model_restored(model, attn_implementation: str | None):
     finally:
         if model.config._attn_implementation != before:
             model.set_attn_implementation(before)
-        for layer, kept in zip(model.model.layers, had):
+        for layer, kept in zip(layers, had):
             if not kept and hasattr(layer.self_attn, "rotary_emb"):
                 delattr(layer.self_attn, "rotary_emb")
 
