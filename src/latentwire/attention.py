@@ -45,7 +45,8 @@ def attend_grouped(agent: Agent, state: KVState, query: str) -> torch.Tensor:
 
 def query_attention(agent: Agent, state: KVState, query: str):
     """Yield (layer index, (H_q, m, T + m) float32 attention weights) for each global layer: the
-    columns are the state's T rows, then the query's own m tokens (causal).
+    columns are the state's T rows, then the query's own m tokens (causal). A model whose layers all
+    slide is scored on every layer while its window holds all T + m rows; beyond that, StateFormatError.
 
     The state is not re-run: the m query tokens go through the model with its own attention
     implementation (eager, sdpa, flash), while hooks capture each global layer's query projection
@@ -58,6 +59,12 @@ def query_attention(agent: Agent, state: KVState, query: str):
     agent._check_window(state=len(state), query=len(ids))
     T, m = len(state), len(ids)
     layers = [i for i, t in enumerate(state.geometry.layer_types) if t == "global"]
+    if not layers:  # every layer slides (Mistral 7B v0.1): exact while the window holds the state and the query
+        window = state.geometry.sliding_window
+        if T + m >= window:
+            raise StateFormatError(f"every layer of {state.geometry.model} slides (window {window}): its attention "
+                                   f"can score {window - 1} rows, not a state of {T} rows plus a {m}-token query")
+        layers = list(range(len(state.geometry.layer_types)))
     captured: dict[int, list] = {i: [None, None] for i in layers}  # layer -> [q projection, (cos, sin)]
     hooks = []
     for i in layers:

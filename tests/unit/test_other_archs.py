@@ -87,3 +87,26 @@ def test_a_multimodal_gemma3_reads_and_answers_as_its_text_model(models, tokeniz
     outs = [get_protocol("cacheback", ratio=4, latent_steps=2, max_new_tokens=6).run([x] * 2, list(DOCS), x, QUERY)
             for x in (a, b)]
     assert outs[0].answer == outs[1].answer and outs[0].answer.strip()
+
+
+def test_a_model_whose_layers_all_slide_is_scored_while_its_window_holds_the_state(tokenizer):
+    """Mistral 7B v0.1 slides on every layer (window 4096): no global layer to score with. Inside the window
+    every sliding layer sees every row, so the scores are its attention; past it, a typed error."""
+    from latentwire.errors import StateFormatError
+
+    agent = Agent(tiny_model("mistral", sliding_window=160), tokenizer, model_name="mistral-sliding")
+    assert set(agent.geometry.layer_types) == {"sliding"}
+    state = agent.prefill("Read. " + DOCS[1])
+    got = agent.attend(state, QUERY)
+    with torch.inference_mode():
+        ids = agent.ids(agent.tokenizer(QUERY, add_special_tokens=False)["input_ids"])
+        agent.model.set_attn_implementation("eager")
+        out = agent.model.model(input_ids=ids[None], past_key_values=state.to_cache(), use_cache=True,
+                                position_ids=torch.arange(len(state), len(state) + len(ids))[None],
+                                output_attentions=True)
+    want = torch.stack([a[0, :, :, :len(state)] for a in out.attentions]).float()
+    assert got.shape == want.shape and torch.allclose(got, want, atol=1e-5, rtol=0)
+    long = agent.prefill("Read. " + DOCS[0] + " " + DOCS[1])  # fits the window alone, not with the query
+    assert len(long) < 160  # the state itself is whole in every layer
+    with pytest.raises(StateFormatError, match="slides"):
+        agent.attend(long, QUERY)
