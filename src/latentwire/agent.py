@@ -196,9 +196,13 @@ class Agent:
         return out.last_hidden_state[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The model's next-token logits from final hidden states (Gemma's soft-capping included)."""
+        """The model's next-token logits from final hidden states, as its own head computes them: Granite's
+        logit scaling and Gemma's soft-capping included."""
+        config = self.model.config.get_text_config(decoder=True)
         logits = self.model.lm_head(hidden)
-        cap = getattr(self.model.config.get_text_config(decoder=True), "final_logit_softcapping", None)
+        scale = getattr(config, "logits_scaling", None)  # Granite divides its logits by this
+        logits = logits / scale if scale else logits
+        cap = getattr(config, "final_logit_softcapping", None)
         return torch.tanh(logits / cap) * cap if cap else logits
 
     def _check_window(self, **parts: int) -> None:

@@ -116,14 +116,17 @@ def _query_hook(attn, store):
 def _rotated_queries(attn, q_proj: torch.Tensor, cos_sin) -> torch.Tensor:
     """The query states an attention module feeds its kernel, rebuilt from its q_proj output.
 
-    q_proj: (1, m, H_q·D). Per-head q_norm (Gemma3, Qwen3) normalises the last dim, so it applies in
-    either layout; RoPE uses the module's own cos/sin (attention_scaling included) and the rotation
+    q_proj: (1, m, H_q·D). A q_norm as wide as the projection (OLMo2) applies before the split into heads,
+    a per-head one (Gemma3, Qwen3) after; RoPE uses the module's own cos/sin (attention_scaling included) and the rotation
     function of the model's own modeling file.
     """
     head_dim = attn.head_dim
+    norm = getattr(attn, "q_norm", None)
+    if norm is not None and getattr(norm, "weight", None) is not None and norm.weight.shape[-1] == q_proj.shape[-1]:
+        q_proj, norm = norm(q_proj), None  # OLMo2: one norm over all heads, before the split
     q = q_proj.view(*q_proj.shape[:-1], -1, head_dim)  # (1, m, H_q, D)
-    if getattr(attn, "q_norm", None) is not None:
-        q = attn.q_norm(q)
+    if norm is not None:
+        q = norm(q)
     q = q.transpose(1, 2)  # (1, H_q, m, D)
     cos, sin = cos_sin
     apply = getattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb", None)

@@ -1,5 +1,6 @@
-"""Architectures users bring, beyond the three bundled ones: Qwen3 (per-head q/k norm), Mistral, and Phi-3
-(one fused qkv projection; the tiny one rotates half of each head). The state laws (re-rotation, compaction)
+"""Architectures users bring, beyond the three bundled ones: Qwen3 (per-head q/k norm), Mistral, Phi-3 (one
+fused qkv projection; the tiny one rotates half of each head), OLMo2 (q/k norm over all heads) and Granite
+(embedding, attention, residual and logit multipliers). The state laws (re-rotation, compaction)
 run on them through `model_key` in test_state_rerotation.py; here: the query attention CacheBack scores with
 equals eager attention, a think loop equals one forward, and a fan-in round trip works, on the wire too.
 """
@@ -21,6 +22,15 @@ DOCS = ("The access code of the north warehouse is 7341. The lights were replace
 @pytest.fixture(scope="module", params=OTHER_ARCHS)
 def other_arch(request, tokenizer):
     return request.param, Agent(tiny_model(request.param), tokenizer, model_name=request.param)
+
+
+def test_logits_are_the_models_own(other_arch):
+    _, agent = other_arch
+    ids = torch.randint(5, 261, (1, 12), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        want = agent.model(ids).logits[0]
+        got = agent.logits(agent.decoder(input_ids=ids).last_hidden_state[0])
+    assert torch.allclose(got, want, atol=1e-5, rtol=0)
 
 
 def test_rope_is_what_the_model_rotates_with(other_arch):

@@ -3,14 +3,15 @@
 They keep what matters for exactness tests: GQA (Llama, Qwen2), Gemma3's hybrid sliding/global
 layers with their two RoPE bases and √d embedding scale, and a tokenizer with a chat template.
 `OTHER_ARCHS` are architectures users bring that differ where it matters: Qwen3 (per-head q/k norm),
-Mistral, Phi-3 (one fused qkv projection; here with partial rotary, half of each head rotated).
+Mistral, Phi-3 (one fused qkv projection; here with partial rotary, half of each head rotated), OLMo2
+(q/k norm over all heads at once), Granite (embedding, attention, residual and logit multipliers).
 """
 from __future__ import annotations
 
 import torch
 
 TINY_ARCHS = ("llama", "gemma3", "qwen2")
-OTHER_ARCHS = ("qwen3", "mistral", "phi3")
+OTHER_ARCHS = ("qwen3", "mistral", "phi3", "olmo2", "granite")
 _SPECIALS = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 _CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -56,7 +57,8 @@ TINY_VOCAB = 264  # ≥ len(tiny_tokenizer()) == 261
 
 
 def tiny_config(arch: str, **overrides):
-    from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
+    from transformers import (Gemma3TextConfig, GraniteConfig, LlamaConfig, MistralConfig, Olmo2Config, Phi3Config,
+                              Qwen2Config, Qwen3Config)
 
     common = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                   max_position_embeddings=1024, tie_word_embeddings=True, bos_token_id=1, eos_token_id=4,
@@ -80,6 +82,12 @@ def tiny_config(arch: str, **overrides):
     elif arch == "phi3":
         cfg = Phi3Config(**common | dict(num_hidden_layers=3, num_key_value_heads=2, partial_rotary_factor=0.5)
                          | overrides)
+    elif arch == "olmo2":
+        cfg = Olmo2Config(**common | dict(num_hidden_layers=3, num_key_value_heads=2) | overrides)
+    elif arch == "granite":
+        cfg = GraniteConfig(**common | dict(num_hidden_layers=3, num_key_value_heads=2, embedding_multiplier=12.0,
+                                            attention_multiplier=0.1, residual_multiplier=0.5, logits_scaling=4.0)
+                            | overrides)
     else:
         from ..errors import UnknownNameError
 
