@@ -7,10 +7,13 @@ multiplying by `s` again is the "double attention_scaling" bug.
 
 Only RoPE types whose frequencies are a fixed function of the config can be composed this way.
 `dynamic` (frequencies depend on the current sequence length) and `longrope` (switches factor sets
-with length) are refused with `UnsupportedRopeError` rather than approximated.
+with length) are refused with `UnsupportedRopeError` rather than approximated, and so is any model whose
+own rotation `rotate_keys` does not reproduce on probe keys (`check_rotation`: interleaved pairs, as in
+Cohere and GLM).
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -80,7 +83,42 @@ def rope_specs_from_model(model) -> dict[str, RopeSpec]:
         else:
             rope_type, inv_freq, scaling = rotary.rope_type, rotary.inv_freq, rotary.attention_scaling
         specs[lt] = RopeSpec(rope_type, tuple(float(x) for x in inv_freq.float().tolist()), float(scaling))
+    check_rotation(model, rotary, specs, per_type=rope_types is not None)
     return specs
+
+
+PROBE_POSITIONS = (3, 17, 250, 1000)
+
+
+@torch.no_grad()
+def check_rotation(model, rotary, specs: dict[str, RopeSpec], per_type: bool = False) -> None:
+    """UnsupportedRopeError unless `rotate_keys` reproduces the model's own RoPE: probe keys rotated by the
+    model (its rotary module and its modeling file's `apply_rotary_pos_emb`) at position 0, then moved by
+    `rotate_keys`, must equal the model's keys at positions p. Models that rotate interleaved channel pairs
+    (Cohere, GLM) are refused here instead of getting silently wrong caches."""
+    layers = getattr(decoder_of(model), "layers", None)
+    attn = getattr(layers[0], "self_attn", None) if layers is not None and len(layers) else None
+    apply = getattr(sys.modules.get(type(attn).__module__), "apply_rotary_pos_emb", None) if attn is not None else None
+    if apply is None:
+        raise UnsupportedRopeError(f"{type(model).__name__}: its modeling file has no apply_rotary_pos_emb, so the "
+                                   "rotation it applies to keys cannot be checked")
+    config = model.config.get_text_config(decoder=True)
+    head_dim = getattr(attn, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    device = model.get_input_embeddings().weight.device
+    n = len(PROBE_POSITIONS)  # probe keys: a fixed, non-degenerate pattern in every channel
+    x = torch.arange(n * head_dim, dtype=torch.float32, device=device).mul(0.37).sin().view(1, 1, n, head_dim)
+    at = torch.tensor([PROBE_POSITIONS], device=device)  # (1, n)
+    for layer_type, spec in specs.items():
+        kw = {"layer_type": layer_type} if per_type else {}
+        at0 = apply(x, x, *rotary(x, torch.zeros_like(at), **kw))[1][0]  # (1, n, D): every probe at position 0
+        want = apply(x, x, *rotary(x, at, **kw))[1][0]
+        got = rotate_keys(at0, at[0], spec)
+        err = float((got - want).abs().max())
+        if not err <= 1e-4 * max(1.0, float(want.abs().max())):
+            raise UnsupportedRopeError(
+                f"{type(model).__name__} ({layer_type}): moving a key by a position delta does not reproduce the "
+                f"model's own rotation (max error {err:.3g}); it likely rotates interleaved channel pairs, which "
+                "latentwire does not re-rotate")
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -120,3 +120,19 @@ def test_a_model_whose_layers_all_slide_is_scored_while_its_window_holds_the_sta
     assert len(long) < 160  # the state itself is whole in every layer
     with pytest.raises(StateFormatError, match="slides"):
         agent.attend(long, QUERY)
+
+
+@pytest.mark.parametrize("name", ["cohere", "glm"])
+def test_interleaved_rope_is_refused_not_silently_misrotated(name, tokenizer):
+    """Cohere and GLM rotate interleaved channel pairs; re-rotating their keys as pairs (i, i + R/2) would give
+    wrong caches, so the rotation check (the model's own RoPE against `rotate_keys`) refuses them."""
+    from transformers import AutoModelForCausalLM, CohereConfig, GlmConfig
+
+    from latentwire.errors import UnsupportedRopeError
+
+    common = dict(vocab_size=264, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_hidden_layers=2,
+                  num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=1, eos_token_id=4, pad_token_id=0)
+    config = CohereConfig(**common) if name == "cohere" else GlmConfig(**common, head_dim=16)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(UnsupportedRopeError, match="interleaved"):
+        Agent(model, tokenizer, model_name=name).prefill("Read this.")
