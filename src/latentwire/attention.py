@@ -132,4 +132,5 @@ def _rotated_queries(attn, q_proj: torch.Tensor, cos_sin) -> torch.Tensor:
     apply = getattr(sys.modules[type(attn).__module__], "apply_rotary_pos_emb", None)
     if apply is None:
         raise StateFormatError(f"{type(attn).__module__} has no apply_rotary_pos_emb: cannot score its queries")
-    return apply(q, q, cos, sin)[0]
+    rd = cos.shape[-1]  # partial rotary: some modeling files (Phi-2, StableLM) split before calling `apply`
+    return torch.cat((apply(q[..., :rd], q[..., :rd], cos, sin)[0], q[..., rd:]), dim=-1)

@@ -87,40 +87,6 @@ def rope_specs_from_model(model) -> dict[str, RopeSpec]:
     return specs
 
 
-PROBE_POSITIONS = (3, 17, 250, 1000)
-
-
-@torch.no_grad()
-def check_rotation(model, rotary, specs: dict[str, RopeSpec], per_type: bool = False) -> None:
-    """UnsupportedRopeError unless `rotate_keys` reproduces the model's own RoPE: probe keys rotated by the
-    model (its rotary module and its modeling file's `apply_rotary_pos_emb`) at position 0, then moved by
-    `rotate_keys`, must equal the model's keys at positions p. Models that rotate interleaved channel pairs
-    (Cohere, GLM) are refused here instead of getting silently wrong caches."""
-    layers = getattr(decoder_of(model), "layers", None)
-    attn = getattr(layers[0], "self_attn", None) if layers is not None and len(layers) else None
-    apply = getattr(sys.modules.get(type(attn).__module__), "apply_rotary_pos_emb", None) if attn is not None else None
-    if apply is None:
-        raise UnsupportedRopeError(f"{type(model).__name__}: its modeling file has no apply_rotary_pos_emb, so the "
-                                   "rotation it applies to keys cannot be checked")
-    config = model.config.get_text_config(decoder=True)
-    head_dim = getattr(attn, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    device = model.get_input_embeddings().weight.device
-    n = len(PROBE_POSITIONS)  # probe keys: a fixed, non-degenerate pattern in every channel
-    x = torch.arange(n * head_dim, dtype=torch.float32, device=device).mul(0.37).sin().view(1, 1, n, head_dim)
-    at = torch.tensor([PROBE_POSITIONS], device=device)  # (1, n)
-    for layer_type, spec in specs.items():
-        kw = {"layer_type": layer_type} if per_type else {}
-        at0 = apply(x, x, *rotary(x, torch.zeros_like(at), **kw))[1][0]  # (1, n, D): every probe at position 0
-        want = apply(x, x, *rotary(x, at, **kw))[1][0]
-        got = rotate_keys(at0, at[0], spec)
-        err = float((got - want).abs().max())
-        if not err <= 1e-4 * max(1.0, float(want.abs().max())):
-            raise UnsupportedRopeError(
-                f"{type(model).__name__} ({layer_type}): moving a key by a position delta does not reproduce the "
-                f"model's own rotation (max error {err:.3g}); it likely rotates interleaved channel pairs, which "
-                "latentwire does not re-rotate")
-
-
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -146,3 +112,73 @@ def rotate_keys(keys: torch.Tensor, delta: torch.Tensor, spec: RopeSpec) -> torc
     rot, rest = keys[..., :rd].to(torch.float64), keys[..., rd:]
     rotated = rot * cos + _rotate_half(rot) * sin  # (H, T, R)
     return torch.cat((rotated.to(keys.dtype), rest), dim=-1)
+
+
+PROBE_POSITIONS = (3, 17, 250, 1000)
+
+
+def nope_layers(model) -> list[int]:
+    """Layers that apply no RoPE to their keys (SmolLM3's and Llama 4's `use_rope = 0` layers; EXAONE-4's
+    global layers when it has a sliding window). Their keys do not depend on position, which this library's
+    geometry cannot express, so such models are refused."""
+    out = []
+    for i, layer in enumerate(getattr(decoder_of(model), "layers", None) or ()):
+        attn = getattr(layer, "self_attn", None)
+        if attn is None:
+            continue
+        if not getattr(attn, "use_rope", True):
+            out.append(i)
+        elif getattr(attn, "is_sliding", None) is False and getattr(attn, "sliding_window", None):
+            out.append(i)  # EXAONE-4: with a sliding window, only its sliding layers rotate
+    return out
+
+
+@torch.no_grad()
+def check_rotation(model, rotary, specs: dict[str, RopeSpec], per_type: bool = False) -> None:
+    """UnsupportedRopeError unless `rotate_keys` reproduces the model's own RoPE: probe keys rotated by the
+    model (its rotary module and its modeling file's `apply_rotary_pos_emb`) at position 0, then moved by
+    `rotate_keys`, must equal the model's keys at positions p. Models that rotate interleaved channel pairs
+    (Cohere, GLM) are refused here instead of getting silently wrong caches, and so are models with layers
+    that apply no RoPE (`nope_layers`). Only the rotated channels are probed (partial rotary: the rest passes
+    through); the angles are taken at full float32 precision (no TF32)."""
+    name = type(model).__name__
+    nope = nope_layers(model)
+    if nope:
+        raise UnsupportedRopeError(f"{name}: layers {nope} apply no RoPE to their keys (NoPE layers); latentwire's "
+                                   "geometry assumes every layer rotates its keys")
+    layers = getattr(decoder_of(model), "layers", None)
+    attn = getattr(layers[0], "self_attn", None) if layers is not None and len(layers) else None
+    if attn is None:
+        raise UnsupportedRopeError(f"{name}: no decoder layers with a `self_attn` module, so the rotation it "
+                                   "applies to keys cannot be checked")
+    apply = getattr(sys.modules.get(type(attn).__module__), "apply_rotary_pos_emb", None)
+    if apply is None:
+        raise UnsupportedRopeError(f"{name}: its modeling file has no apply_rotary_pos_emb, so the rotation it "
+                                   "applies to keys cannot be checked")
+    device = model.get_input_embeddings().weight.device
+    n = len(PROBE_POSITIONS)
+    at = torch.tensor([PROBE_POSITIONS], device=device)  # (1, n)
+    precision = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")  # HF computes the angles with a float32 matmul
+    try:
+        for layer_type, spec in specs.items():
+            rd = spec.rotary_dim  # probe keys: a fixed, non-degenerate pattern over the rotated channels
+            x = torch.arange(n * rd, dtype=torch.float32, device=device).mul(0.37).sin().view(1, 1, n, rd)
+            kw = {"layer_type": layer_type} if per_type else {}
+            try:
+                cos0, sin0 = (t.to(device) for t in rotary(x, torch.zeros_like(at), **kw))
+                cosp, sinp = (t.to(device) for t in rotary(x, at, **kw))
+                at0 = apply(x, x, cos0, sin0)[1][0]  # (1, n, R): every probe at position 0
+                want = apply(x, x, cosp, sinp)[1][0]
+            except (RuntimeError, TypeError, ValueError) as e:
+                raise UnsupportedRopeError(f"{name} ({layer_type}): its RoPE could not be applied to probe keys "
+                                           f"({type(e).__name__}: {str(e)[:120]})") from None
+            got = rotate_keys(at0, at[0], spec)
+            err = float((got - want).abs().max()) if got.shape == want.shape else float("inf")
+            if not err <= 1e-4 * max(1.0, float(want.abs().max())):
+                raise UnsupportedRopeError(
+                    f"{name} ({layer_type}): moving a key by a position delta does not reproduce the model's own "
+                    f"rotation (max error {err:.3g}); it likely rotates interleaved channel pairs, which latentwire "
+                    "does not re-rotate")
+    finally:
+        torch.set_float32_matmul_precision(precision)

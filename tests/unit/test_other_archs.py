@@ -1,5 +1,6 @@
 """Architectures users bring, beyond the three bundled ones: Qwen3 (per-head q/k norm), Mistral, Phi-3 (one
-fused qkv projection; the tiny one rotates half of each head), OLMo2 (q/k norm over all heads) and Granite
+fused qkv projection; the tiny one rotates half of each head), Phi-2 (partial rotary split off before the
+rotation function), OLMo2 (q/k norm over all heads) and Granite
 (embedding, attention, residual and logit multipliers). The state laws (re-rotation, compaction)
 run on them through `model_key` in test_state_rerotation.py; here: the query attention CacheBack scores with
 equals eager attention, a think loop equals one forward, and a fan-in round trip works, on the wire too.
@@ -37,7 +38,7 @@ def test_rope_is_what_the_model_rotates_with(other_arch):
     arch, agent = other_arch
     (kind, spec), = agent.geometry.rope
     head_dim = agent.geometry.head_dim
-    assert kind == "global" and spec.rotary_dim == (head_dim // 2 if arch == "phi3" else head_dim)
+    assert kind == "global" and spec.rotary_dim == (head_dim // 2 if arch in ("phi3", "phi") else head_dim)
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
@@ -135,4 +136,21 @@ def test_interleaved_rope_is_refused_not_silently_misrotated(name, tokenizer):
     config = CohereConfig(**common) if name == "cohere" else GlmConfig(**common, head_dim=16)
     model = AutoModelForCausalLM.from_config(config).eval()
     with pytest.raises(UnsupportedRopeError, match="interleaved"):
+        Agent(model, tokenizer, model_name=name).prefill("Read this.")
+
+
+@pytest.mark.parametrize("name", ["smollm3", "exaone4"])
+def test_layers_without_rope_are_refused(name, tokenizer):
+    """SmolLM3 skips RoPE on some layers, EXAONE-4 on its global layers when it slides: their keys do not move
+    with position, so re-rotating them would corrupt the cache; refused, naming the layers."""
+    from transformers import AutoModelForCausalLM, Exaone4Config, SmolLM3Config
+
+    from latentwire.errors import UnsupportedRopeError
+
+    common = dict(vocab_size=264, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_hidden_layers=4,
+                  num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=1, eos_token_id=4, pad_token_id=0)
+    config = (SmolLM3Config(**common, no_rope_layers=[1, 1, 1, 0]) if name == "smollm3" else
+              Exaone4Config(**common, sliding_window=8, sliding_window_pattern=2))
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(UnsupportedRopeError, match=r"layers \[(3|1, 3)\] apply no RoPE"):
         Agent(model, tokenizer, model_name=name).prefill("Read this.")

@@ -232,7 +232,7 @@ def kvzip_layer_scores(agent: Agent, state: KVState, chunk_size: int = 2048,
         press._cache = state.select(rows).compact().to_cache()
         try:
             press._perform_kvzip_compression(model, agent.tokenizer)  # ratio 0: scores, masks nothing
-            per_layer = {i: press.score_val[i, 0].double() for i in range(model.config.num_hidden_layers)}
+            per_layer = {i: press.score_val[i, 0].double() for i in range(agent.geometry.num_layers)}
         finally:
             press._reset_internal_parameters()
     return per_layer, time.perf_counter() - t0
