@@ -196,12 +196,14 @@ class Agent:
         return out.last_hidden_state[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The model's next-token logits from final hidden states, as its own head computes them: Granite's
-        logit scaling and Gemma's soft-capping included."""
+        """The model's next-token logits from final hidden states, as its own head computes them: Granite's and
+        Cohere's logit scales and Gemma's soft-capping included."""
         config = self.model.config.get_text_config(decoder=True)
         logits = self.model.lm_head(hidden)
         scale = getattr(config, "logits_scaling", None)  # Granite divides its logits by this
         logits = logits / scale if scale else logits
+        mult = getattr(config, "logit_scale", None)  # Cohere multiplies them by this
+        logits = logits * mult if mult else logits
         cap = getattr(config, "final_logit_softcapping", None)
         return torch.tanh(logits / cap) * cap if cap else logits
 

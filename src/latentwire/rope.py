@@ -8,13 +8,13 @@ multiplying by `s` again is the "double attention_scaling" bug.
 Only RoPE types whose frequencies are a fixed function of the config can be composed this way.
 `dynamic` (frequencies depend on the current sequence length) and `longrope` (switches factor sets
 with length) are refused with `UnsupportedRopeError` rather than approximated, and so is any model whose
-own rotation `rotate_keys` does not reproduce on probe keys (`check_rotation`: interleaved pairs, as in
-Cohere and GLM).
+own rotation `rotate_keys` does not reproduce on probe keys (`check_rotation`), in either pair layout:
+(i, i + R/2) as in Llama, or interleaved (2i, 2i+1) as in Cohere and GLM (`RopeSpec.interleaved`).
 """
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -31,6 +31,7 @@ class RopeSpec:
     rope_type: str
     inv_freq: tuple[float, ...]  # (R/2,)  R = rotary dim (≤ head_dim; partial rotary keeps the rest)
     attention_scaling: float = 1.0  # already inside cached keys; recorded, never re-applied
+    interleaved: bool = False  # pairs (2i, 2i+1) rotate together (Cohere, GLM); else (i, i + R/2)
 
     def __post_init__(self):
         if self.rope_type not in STATIC_ROPE_TYPES:
@@ -46,12 +47,13 @@ class RopeSpec:
         return 2 * len(self.inv_freq)
 
     def to_json(self) -> dict:
-        return {"rope_type": self.rope_type, "inv_freq": list(self.inv_freq),
-                "attention_scaling": self.attention_scaling}
+        out = {"rope_type": self.rope_type, "inv_freq": list(self.inv_freq), "attention_scaling": self.attention_scaling}
+        return out | {"interleaved": True} if self.interleaved else out  # absent when False: older bytes unchanged
 
     @classmethod
     def from_json(cls, d: dict) -> "RopeSpec":
-        return cls(str(d["rope_type"]), tuple(float(x) for x in d["inv_freq"]), float(d["attention_scaling"]))
+        return cls(str(d["rope_type"]), tuple(float(x) for x in d["inv_freq"]), float(d["attention_scaling"]),
+                   d.get("interleaved", False) is True)
 
 
 def decoder_of(model):
@@ -83,13 +85,24 @@ def rope_specs_from_model(model) -> dict[str, RopeSpec]:
         else:
             rope_type, inv_freq, scaling = rotary.rope_type, rotary.inv_freq, rotary.attention_scaling
         specs[lt] = RopeSpec(rope_type, tuple(float(x) for x in inv_freq.float().tolist()), float(scaling))
-    check_rotation(model, rotary, specs, per_type=rope_types is not None)
-    return specs
+    return check_rotation(model, rotary, specs, per_type=rope_types is not None)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def half_split(x: torch.Tensor, rd: int) -> torch.Tensor:
+    """Interleaved rotary channels (pairs 2i, 2i+1) reordered so pair i sits at (i, i + R/2), the layout
+    `rotate_keys` rotates; channels past the rotary dim `rd` stay where they are."""
+    return torch.cat((x[..., 0:rd:2], x[..., 1:rd:2], x[..., rd:]), dim=-1)
+
+
+def interleave(x: torch.Tensor, rd: int) -> torch.Tensor:
+    """The inverse of `half_split`."""
+    half = rd // 2
+    return torch.cat((torch.stack((x[..., :half], x[..., half:rd]), dim=-1).flatten(-2), x[..., rd:]), dim=-1)
 
 
 def rotate_keys(keys: torch.Tensor, delta: torch.Tensor, spec: RopeSpec) -> torch.Tensor:
@@ -105,6 +118,8 @@ def rotate_keys(keys: torch.Tensor, delta: torch.Tensor, spec: RopeSpec) -> torc
         raise UnsupportedRopeError(f"rotary dim {rd} exceeds head dim {keys.shape[-1]}")
     if not torch.any(delta != 0):
         return keys.clone()
+    if spec.interleaved:  # the same rotation in the half-split layout, and back
+        return interleave(rotate_keys(half_split(keys, rd), delta, replace(spec, interleaved=False)), rd)
     inv_freq = torch.tensor(spec.inv_freq, dtype=torch.float64, device=keys.device)  # (R/2,)
     angles = delta.to(keys.device, torch.float64)[:, None] * inv_freq[None, :]  # (T, R/2)
     angles = torch.cat((angles, angles), dim=-1)  # (T, R)
@@ -134,12 +149,13 @@ def nope_layers(model) -> list[int]:
 
 
 @torch.no_grad()
-def check_rotation(model, rotary, specs: dict[str, RopeSpec], per_type: bool = False) -> None:
-    """UnsupportedRopeError unless `rotate_keys` reproduces the model's own RoPE: probe keys rotated by the
-    model (its rotary module and its modeling file's `apply_rotary_pos_emb`) at position 0, then moved by
-    `rotate_keys`, must equal the model's keys at positions p. Models that rotate interleaved channel pairs
-    (Cohere, GLM) are refused here instead of getting silently wrong caches, and so are models with layers
-    that apply no RoPE (`nope_layers`). Only the rotated channels are probed (partial rotary: the rest passes
+def check_rotation(model, rotary, specs: dict[str, RopeSpec], per_type: bool = False) -> dict[str, RopeSpec]:
+    """`specs` as `rotate_keys` reproduces the model's own RoPE, else UnsupportedRopeError: probe keys rotated
+    by the model (its rotary module and its modeling file's `apply_rotary_pos_emb`) at position 0, then moved
+    by `rotate_keys`, must equal the model's keys at positions p, in the half-split pair layout (i, i + R/2)
+    or, failing that, the interleaved one (2i, 2i+1: Cohere, GLM), which is then recorded in the spec. A
+    rotation neither reproduces is refused instead of giving silently wrong caches, and so are models with
+    layers that apply no RoPE (`nope_layers`). Only the rotated channels are probed (partial rotary: the rest passes
     through); the angles are taken at full float32 precision (no TF32)."""
     name = type(model).__name__
     nope = nope_layers(model)
@@ -158,6 +174,7 @@ def check_rotation(model, rotary, specs: dict[str, RopeSpec], per_type: bool = F
     device = model.get_input_embeddings().weight.device
     n = len(PROBE_POSITIONS)
     at = torch.tensor([PROBE_POSITIONS], device=device)  # (1, n)
+    out = {}
     precision = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")  # HF computes the angles with a float32 matmul
     try:
@@ -173,12 +190,19 @@ def check_rotation(model, rotary, specs: dict[str, RopeSpec], per_type: bool = F
             except (RuntimeError, TypeError, ValueError) as e:
                 raise UnsupportedRopeError(f"{name} ({layer_type}): its RoPE could not be applied to probe keys "
                                            f"({type(e).__name__}: {str(e)[:120]})") from None
-            got = rotate_keys(at0, at[0], spec)
-            err = float((got - want).abs().max()) if got.shape == want.shape else float("inf")
-            if not err <= 1e-4 * max(1.0, float(want.abs().max())):
+            errors = {}
+            for candidate in (spec, replace(spec, interleaved=True)):
+                got = rotate_keys(at0, at[0], candidate)
+                errors[candidate.interleaved] = err = (float((got - want).abs().max()) if got.shape == want.shape
+                                                       else float("inf"))
+                if err <= 1e-4 * max(1.0, float(want.abs().max())):
+                    out[layer_type] = candidate
+                    break
+            else:
                 raise UnsupportedRopeError(
                     f"{name} ({layer_type}): moving a key by a position delta does not reproduce the model's own "
-                    f"rotation (max error {err:.3g}); it likely rotates interleaved channel pairs, which latentwire "
-                    "does not re-rotate")
+                    f"rotation, with channel pairs (i, i + R/2) nor (2i, 2i+1) (max errors {errors[False]:.3g}, "
+                    f"{errors[True]:.3g}); latentwire cannot re-rotate its keys")
     finally:
         torch.set_float32_matmul_precision(precision)
+    return out

@@ -1,7 +1,7 @@
 """Architectures users bring, beyond the three bundled ones: Qwen3 (per-head q/k norm), Mistral, Phi-3 (one
 fused qkv projection; the tiny one rotates half of each head), Phi-2 (partial rotary split off before the
 rotation function), OLMo2 (q/k norm over all heads) and Granite
-(embedding, attention, residual and logit multipliers). The state laws (re-rotation, compaction)
+(embedding, attention, residual and logit multipliers), Cohere and GLM (RoPE on interleaved channel pairs). The state laws (re-rotation, compaction)
 run on them through `model_key` in test_state_rerotation.py; here: the query attention CacheBack scores with
 equals eager attention, a think loop equals one forward, and a fan-in round trip works, on the wire too.
 """
@@ -38,7 +38,7 @@ def test_rope_is_what_the_model_rotates_with(other_arch):
     arch, agent = other_arch
     (kind, spec), = agent.geometry.rope
     head_dim = agent.geometry.head_dim
-    assert kind == "global" and spec.rotary_dim == (head_dim // 2 if arch in ("phi3", "phi") else head_dim)
+    assert kind == "global" and spec.rotary_dim == (head_dim // 2 if arch in ("phi3", "phi", "glm") else head_dim)
 
 
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
@@ -123,20 +123,20 @@ def test_a_model_whose_layers_all_slide_is_scored_while_its_window_holds_the_sta
         agent.attend(long, QUERY)
 
 
-@pytest.mark.parametrize("name", ["cohere", "glm"])
-def test_interleaved_rope_is_refused_not_silently_misrotated(name, tokenizer):
-    """Cohere and GLM rotate interleaved channel pairs; re-rotating their keys as pairs (i, i + R/2) would give
-    wrong caches, so the rotation check (the model's own RoPE against `rotate_keys`) refuses them."""
-    from transformers import AutoModelForCausalLM, CohereConfig, GlmConfig
+def test_interleaved_rope_is_detected_and_translators_unrotate_it(other_arch):
+    """Cohere and GLM rotate pairs (2i, 2i+1): the rotation check records it (else re-rotation would corrupt
+    their caches, tested through the state laws); the translators' stacked un-rotation agrees with the
+    per-layer one built on `rotate_keys`."""
+    from latentwire.translate.layers import layer_groups, unrotated
 
-    from latentwire.errors import UnsupportedRopeError
-
-    common = dict(vocab_size=264, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_hidden_layers=2,
-                  num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=1, eos_token_id=4, pad_token_id=0)
-    config = CohereConfig(**common) if name == "cohere" else GlmConfig(**common, head_dim=16)
-    model = AutoModelForCausalLM.from_config(config).eval()
-    with pytest.raises(UnsupportedRopeError, match="interleaved"):
-        Agent(model, tokenizer, model_name=name).prefill("Read this.")
+    arch, agent = other_arch
+    (_, spec), = agent.geometry.rope
+    assert spec.interleaved == (arch in ("cohere", "glm"))
+    state = agent.think(agent.prefill("Read this. " + DOCS[1]), steps=2).shift(7)
+    (group,) = layer_groups(state)
+    D = agent.geometry.head_dim
+    for layer, (keys, _) in zip(group.layers, unrotated(state)):
+        assert torch.allclose(group.kv[group.layers.index(layer), :, :, :D], keys.float(), atol=1e-5)
 
 
 @pytest.mark.parametrize("name", ["smollm3", "exaone4"])

@@ -12,7 +12,7 @@ import torch
 
 from latentwire.agent import Agent
 from latentwire.merge import CanonicalMerge, Fragment
-from latentwire.rope import rotate_keys
+from latentwire.rope import half_split, rotate_keys
 from latentwire.state import KVState
 
 # Half an ulp, relative: what one round-to-nearest cast can change a value by.
@@ -48,10 +48,13 @@ def test_round_trip_is_within_two_casts_of_each_pair(prefill_state, random_ids, 
     for i, (a, b) in enumerate(zip(state.layers, back.layers)):
         # The first cast's error is rotated back across each channel pair: bound it by the pair's norm
         # (rotations preserve it), one cast per trip.
-        k = a.keys.double()
-        half = state.geometry.layer(i).rope.rotary_dim // 2
+        spec = state.geometry.layer(i).rope
+        half = spec.rotary_dim // 2
+        # in the layout where pair j is (j, j + R/2): interleaved rotations (Cohere, GLM) are reordered first
+        layout = (lambda x: half_split(x, spec.rotary_dim)) if spec.interleaved else (lambda x: x)
+        k = layout(a.keys.double())
         pair = torch.cat([k[..., :half].hypot(k[..., half:2 * half])] * 2 + [k[..., 2 * half:].abs()], dim=-1)
-        err = (b.keys.double() - k).abs()
+        err = (layout(b.keys.double()) - k).abs()
         assert bool((err <= 2 * ONE_CAST[dtype] * pair * 1.01 + 1e-30).all()), (i, float(err.max()))
 
 

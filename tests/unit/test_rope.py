@@ -1,7 +1,6 @@
 """rope.py: exact re-rotation of cached keys, RoPE specs read from models, refusal of dynamic RoPE."""
 import pytest
 import torch
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from latentwire.errors import UnsupportedRopeError
 from latentwire.models import tiny_model
@@ -99,9 +98,13 @@ def test_rope_variant_spec(model_for, rope_variant):
 
 
 def test_rotation_matches_models_own_rope(model_for, model_key):
-    """Key roped by the model at p, moved by Δ == key roped by the model at p+Δ (no double scaling)."""
+    """Key roped by the model at p, moved by Δ == key roped by the model at p+Δ (no double scaling), with the
+    rotation function of the model's own modeling file (pairs (i, i + R/2), or interleaved for Cohere, GLM)."""
+    import sys
+
     model = model_for(model_key)
     rotary = model.model.rotary_emb
+    apply_rotary_pos_emb = sys.modules[type(model.model.layers[0].self_attn).__module__].apply_rotary_pos_emb
     for layer_type, spec in rope_specs_from_model(model).items():
         kw = {"layer_type": layer_type} if isinstance(rotary.rope_type, dict) else {}
         raw = rand_keys(spec)[None]  # (1, H, T, D)

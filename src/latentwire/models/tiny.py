@@ -5,14 +5,15 @@ layers with their two RoPE bases and √d embedding scale, and a tokenizer with 
 `OTHER_ARCHS` are architectures users bring that differ where it matters: Qwen3 (per-head q/k norm),
 Mistral, Phi-3 (one fused qkv projection; here with partial rotary, half of each head rotated), Phi-2
 (`phi`: partial rotary split off before the model's rotation function), OLMo2
-(q/k norm over all heads at once), Granite (embedding, attention, residual and logit multipliers).
+(q/k norm over all heads at once), Granite (embedding, attention, residual and logit multipliers), Cohere
+and GLM (RoPE on interleaved channel pairs; GLM's partial).
 """
 from __future__ import annotations
 
 import torch
 
 TINY_ARCHS = ("llama", "gemma3", "qwen2")
-OTHER_ARCHS = ("qwen3", "mistral", "phi3", "phi", "olmo2", "granite")
+OTHER_ARCHS = ("qwen3", "mistral", "phi3", "phi", "olmo2", "granite", "cohere", "glm")
 _SPECIALS = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 _CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -58,8 +59,8 @@ TINY_VOCAB = 264  # ≥ len(tiny_tokenizer()) == 261
 
 
 def tiny_config(arch: str, **overrides):
-    from transformers import (Gemma3TextConfig, GraniteConfig, LlamaConfig, MistralConfig, Olmo2Config, Phi3Config,
-                              PhiConfig, Qwen2Config, Qwen3Config)
+    from transformers import (CohereConfig, Gemma3TextConfig, GlmConfig, GraniteConfig, LlamaConfig, MistralConfig,
+                              Olmo2Config, Phi3Config, PhiConfig, Qwen2Config, Qwen3Config)
 
     common = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                   max_position_embeddings=1024, tie_word_embeddings=True, bos_token_id=1, eos_token_id=4,
@@ -86,6 +87,10 @@ def tiny_config(arch: str, **overrides):
     elif arch == "phi":
         cfg = PhiConfig(**common | dict(num_hidden_layers=3, num_key_value_heads=2, partial_rotary_factor=0.5)
                         | overrides)
+    elif arch == "cohere":
+        cfg = CohereConfig(**common | dict(num_hidden_layers=3, num_key_value_heads=2) | overrides)
+    elif arch == "glm":
+        cfg = GlmConfig(**common | dict(num_hidden_layers=3, num_key_value_heads=2, head_dim=16) | overrides)
     elif arch == "olmo2":
         cfg = Olmo2Config(**common | dict(num_hidden_layers=3, num_key_value_heads=2) | overrides)
     elif arch == "granite":

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..rope import RopeSpec, rotate_keys
+from ..rope import RopeSpec, half_split, interleave, rotate_keys
 from ..state import Geometry, KVState, LayerKV
 
 
@@ -123,8 +123,12 @@ def rope_table(spec: RopeSpec, end: int, dtype: torch.dtype, device: torch.devic
     return table
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x (..., T, D) rotated by the angles of cos, sin (..., T, R); channels past R pass through."""
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool = False) -> torch.Tensor:
+    """x (..., T, D) rotated by the angles of cos, sin (..., T, R); channels past R pass through. `interleaved`:
+    x's pairs are (2i, 2i+1) (`RopeSpec.interleaved`), rotated in the half-split layout and put back."""
+    if interleaved:
+        rd = cos.shape[-1]
+        return interleave(_rotate(half_split(x, rd), cos, sin), rd)
     rd, half = cos.shape[-1], cos.shape[-1] // 2
     r = x[..., :rd]
     out = r * cos + torch.cat((-r[..., half:], r[..., :half]), dim=-1) * sin
@@ -142,6 +146,7 @@ class LayerGroup:
     kv: torch.Tensor  # (L_g, H, T, 2D) float32: [keys with RoPE removed ; values], position-free content
     cos: torch.Tensor  # (L_g or 1, 1, T, R) float32: RoPE of each row at its position (1: shared by all)
     sin: torch.Tensor  # (L_g or 1, 1, T, R)
+    interleaved: bool = False  # the rotation's channel pairs (RopeSpec.interleaved)
 
 
 def layer_groups(state: KVState) -> list[LayerGroup]:
@@ -157,14 +162,15 @@ def layer_groups(state: KVState) -> list[LayerGroup]:
         values = torch.stack([state.layers[i].values for i in ids])  # (L_g, H, T, D)
         # (1 or L_g, T): global layers hold every row (checked by KVState), sliding ones may differ
         pos = state.positions[None] if kind == "global" else torch.stack([state.layers[i].positions for i in ids])
-        cos, sin = rope_table(dict(g.rope)[kind], max(hi, -lo) + 1, torch.float32, state.device)
+        spec = dict(g.rope)[kind]
+        cos, sin = rope_table(spec, max(hi, -lo) + 1, torch.float32, state.device)
         at = pos.abs() if lo < 0 else pos  # table rows: cos is even, sin odd
         cos, sin = cos[at].unsqueeze(1), sin[at].unsqueeze(1)  # (1 or L_g, 1, T, R)
         if lo < 0:
             sin = sin * pos.sign().to(torch.float32)[:, None, :, None]
-        kv = torch.cat((_rotate(keys.float(), cos, -sin), values.float()), dim=-1)  # (L_g, H, T, 2D)
+        kv = torch.cat((_rotate(keys.float(), cos, -sin, spec.interleaved), values.float()), dim=-1)  # (L_g, H, T, 2D)
         index = torch.tensor(ids, dtype=torch.int64, device=state.device)
-        groups.append(LayerGroup(tuple(ids), index, keys, values, kv, cos, sin))
+        groups.append(LayerGroup(tuple(ids), index, keys, values, kv, cos, sin, spec.interleaved))
     return groups
 
 
@@ -174,7 +180,7 @@ def add_group_residuals(state: KVState, groups: list[LayerGroup],
     group. A zero residual returns the keys and values exactly (in the state's dtype)."""
     layers = list(state.layers)
     for grp, (dk, dv) in zip(groups, deltas, strict=True):
-        keys = (grp.keys.float() + _rotate(dk, grp.cos, grp.sin)).to(grp.keys.dtype)  # (L_g, H, T, D)
+        keys = (grp.keys.float() + _rotate(dk, grp.cos, grp.sin, grp.interleaved)).to(grp.keys.dtype)  # (L_g, H, T, D)
         values = (grp.values.float() + dv).to(grp.values.dtype)  # (L_g, H, T, D)
         for i, k, v in zip(grp.layers, keys, values):
             layers[i] = LayerKV(k, v, state.layers[i].positions)
