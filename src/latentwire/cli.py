@@ -1,5 +1,5 @@
-"""Command line: `latentwire models`, `latentwire demo`, `latentwire bench run|report|pair`, `latentwire inspect`,
-`latentwire train`, `latentwire serve`."""
+"""Command line: `latentwire models`, `latentwire check`, `latentwire demo`, `latentwire bench run|report|pair`,
+`latentwire inspect`, `latentwire train`, `latentwire serve`."""
 from __future__ import annotations
 
 import argparse
@@ -58,6 +58,20 @@ def _models(args) -> int:
     place = resolve()
     print(f"Default placement here: --device {place.device} --dtype {dtype_name(place.dtype)} ({place.reason})")
     return 0
+
+
+def _check(args) -> int:
+    from .bench.model_check import check_model, describe
+
+    agent = _load_agent(args)
+    print("\n".join(describe(agent)))  # reading the geometry refuses what cannot work (a typed error, exit 2)
+    checks = check_model(agent)
+    for c in checks:
+        print(f"  {c.name:10} {'pass' if c.ok else 'FAIL'}  error {c.error:.2e} (bound {c.bound:g}): {c.detail}")
+    ok = all(c.ok for c in checks)
+    print("latentwire reproduces this model's states exactly enough to use it" if ok else
+          "latentwire does not reproduce this model: see the FAIL lines")
+    return 0 if ok else 1
 
 
 def _demo(args) -> int:
@@ -200,6 +214,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress messages (INFO level)")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("models", help="list bundled models, their geometry and install state").set_defaults(fn=_models)
+    check = sub.add_parser("check", help="does latentwire work on this model? its geometry, then the laws it "
+                                         "relies on, measured on the model (exit 0: all pass)")
+    check.add_argument("--model", required=True, help="bundled model name, local HF directory or hub id")
+    _placement_args(check)
+    for action in check._actions:  # the laws are exact in float32: check there unless told otherwise
+        if action.dest == "dtype":
+            action.default, action.help = "float32", "float32 (exact laws, tight bounds), bfloat16 or float16"
+    check.set_defaults(fn=_check)
     demo = sub.add_parser("demo", help="senders read private documents, a receiver answers; every protocol")
     demo.add_argument("--model", default="smollm2-135m", help="bundled model name or local HF directory")
     demo.add_argument("--senders", type=int, default=3, choices=(1, 2, 3), help="sender agents, one document each")
