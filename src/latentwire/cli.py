@@ -65,7 +65,13 @@ def _check(args) -> int:
 
     agent = _load_agent(args)
     print("\n".join(describe(agent)))  # reading the geometry refuses what cannot work (a typed error, exit 2)
-    checks = check_model(agent)
+    try:
+        checks = check_model(agent)
+    except LatentWireError:
+        raise
+    except Exception as e:  # the model itself failed on a check's inputs: not a FAIL of a law, exit 2
+        print(f"latentwire: error: the check could not run on this model: {type(e).__name__}: {e}", file=sys.stderr)
+        return 2
     for c in checks:
         print(f"  {c.name:10} {'pass' if c.ok else 'FAIL'}  error {c.error:.2e} (bound {c.bound:g}): {c.detail}")
     ok = all(c.ok for c in checks)

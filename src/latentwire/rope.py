@@ -52,8 +52,11 @@ class RopeSpec:
 
     @classmethod
     def from_json(cls, d: dict) -> "RopeSpec":
+        interleaved = d.get("interleaved", False)
+        if type(interleaved) is not bool:
+            raise TypeError(f"rope interleaved: want true or false, got {interleaved!r}")
         return cls(str(d["rope_type"]), tuple(float(x) for x in d["inv_freq"]), float(d["attention_scaling"]),
-                   d.get("interleaved", False) is True)
+                   interleaved)
 
 
 def decoder_of(model):
@@ -133,9 +136,10 @@ PROBE_POSITIONS = (3, 17, 250, 1000)
 
 
 def nope_layers(model) -> list[int]:
-    """Layers that apply no RoPE to their keys (SmolLM3's and Llama 4's `use_rope = 0` layers; EXAONE-4's
-    global layers when it has a sliding window). Their keys do not depend on position, which this library's
-    geometry cannot express, so such models are refused."""
+    """Layers that apply no RoPE to their keys (SmolLM3's and Llama 4's `use_rope = 0` layers; the global
+    layers of EXAONE-4 with a sliding window, of AfMoE and of Cohere2). Their keys do not depend on position,
+    which this library's geometry cannot express, so such models are refused. The list is of switches known
+    in transformers' modeling files; `latentwire check` measures the law on any model."""
     out = []
     for i, layer in enumerate(getattr(decoder_of(model), "layers", None) or ()):
         attn = getattr(layer, "self_attn", None)
@@ -145,6 +149,10 @@ def nope_layers(model) -> list[int]:
             out.append(i)
         elif getattr(attn, "is_sliding", None) is False and getattr(attn, "sliding_window", None):
             out.append(i)  # EXAONE-4: with a sliding window, only its sliding layers rotate
+        elif getattr(attn, "is_local_attention", None) is False:
+            out.append(i)  # AfMoE: only its local layers rotate
+        elif type(attn).__name__ == "Cohere2Attention" and getattr(attn, "sliding_window", None) is None:
+            out.append(i)  # Cohere2 (Command R7B, Command A): its global layers do not rotate
     return out
 
 

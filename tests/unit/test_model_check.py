@@ -47,3 +47,19 @@ def test_a_refused_model_is_a_typed_error(tmp_path, tokenizer, capsys):
     path = _saved(tmp_path, AutoModelForCausalLM.from_config(config), tokenizer)
     assert cli.main(["check", "--model", path, "--device", "cpu"]) == 2
     assert "UnsupportedRopeError" in capsys.readouterr().err
+
+
+def test_a_failed_law_exits_1_and_a_broken_model_exits_2(tmp_path, tokenizer, capsys, monkeypatch):
+    import latentwire.bench.model_check as mc
+
+    path = _saved(tmp_path, tiny_model("llama"), tokenizer)
+    monkeypatch.setattr(mc, "check_model", lambda agent: [mc.Check("rerotation", 0.5, 1e-3, "worst layer 2 of 3")])
+    assert cli.main(["check", "--model", path, "--device", "cpu"]) == 1
+    assert "rerotation FAIL  error 5.00e-01" in capsys.readouterr().out
+
+    def boom(agent):
+        raise RuntimeError("shape mismatch in the model's forward")
+
+    monkeypatch.setattr(mc, "check_model", boom)
+    assert cli.main(["check", "--model", path, "--device", "cpu"]) == 2
+    assert "could not run on this model: RuntimeError" in capsys.readouterr().err

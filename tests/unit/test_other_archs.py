@@ -139,18 +139,34 @@ def test_interleaved_rope_is_detected_and_translators_unrotate_it(other_arch):
         assert torch.allclose(group.kv[group.layers.index(layer), :, :, :D], keys.float(), atol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["smollm3", "exaone4"])
+@pytest.mark.parametrize("name", ["smollm3", "exaone4", "cohere2"])
 def test_layers_without_rope_are_refused(name, tokenizer):
-    """SmolLM3 skips RoPE on some layers, EXAONE-4 on its global layers when it slides: their keys do not move
-    with position, so re-rotating them would corrupt the cache; refused, naming the layers."""
-    from transformers import AutoModelForCausalLM, Exaone4Config, SmolLM3Config
+    """SmolLM3 skips RoPE on some layers, EXAONE-4 and Cohere2 on their global layers when they slide: their
+    keys do not move with position, so re-rotating them would corrupt the cache; refused, naming the layers."""
+    from transformers import AutoModelForCausalLM, Cohere2Config, Exaone4Config, SmolLM3Config
 
     from latentwire.errors import UnsupportedRopeError
 
     common = dict(vocab_size=264, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_hidden_layers=4,
                   num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=1, eos_token_id=4, pad_token_id=0)
-    config = (SmolLM3Config(**common, no_rope_layers=[1, 1, 1, 0]) if name == "smollm3" else
-              Exaone4Config(**common, sliding_window=8, sliding_window_pattern=2))
+    config = {"smollm3": lambda: SmolLM3Config(**common, no_rope_layers=[1, 1, 1, 0]),
+              "exaone4": lambda: Exaone4Config(**common, sliding_window=8, sliding_window_pattern=2),
+              "cohere2": lambda: Cohere2Config(**common, sliding_window=8, sliding_window_pattern=4)}[name]()
     model = AutoModelForCausalLM.from_config(config).eval()
     with pytest.raises(UnsupportedRopeError, match=r"layers \[(3|1, 3)\] apply no RoPE"):
         Agent(model, tokenizer, model_name=name).prefill("Read this.")
+
+
+@pytest.mark.parametrize("selector", ["snapkv", "chunkkv", "kvzip"])
+def test_kvpress_scorers_that_rotate_queries_refuse_interleaved_or_partial_rope(selector, tokenizer):
+    """kvpress rotates SnapKV's and KVzip's queries the Llama way, over the whole head: refused on Cohere
+    (interleaved) and Phi-3 (partial) rather than scored wrongly; knorm reads keys only and still scores."""
+    from latentwire.select import get_selector
+    from latentwire.select.presses import PressUnsupportedError
+
+    for arch in ("cohere", "phi3"):
+        agent = Agent(tiny_model(arch), tokenizer, model_name=arch)
+        state = agent.prefill("Read this. " + DOCS[1])
+        with pytest.raises(PressUnsupportedError, match="interleaved or partial"):
+            get_selector(selector).score(agent, state, QUERY)
+        assert get_selector("knorm").score(agent, state, QUERY).shape == (len(state),)

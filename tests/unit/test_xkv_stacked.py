@@ -21,9 +21,25 @@ from latentwire.translate.layers import _ROPE_TABLES, MAX_ROPE_TABLES, _rotate, 
 
 # every arch as sharer and as receiver; gemma3 brings its sliding group (window 8) and two RoPE bases
 PAIRS = [("gemma3", "llama"), ("llama", "gemma3"), ("qwen2", "gemma3"), ("llama", "qwen2"), ("gemma3", "qwen2"),
-         ("gemma3", "gemma3")]
+         ("gemma3", "gemma3"), ("cohere", "glm"), ("glm", "llama")]  # cohere, glm: interleaved RoPE pairs
 SHARER_TEXT = "the sharer read this: Ned has 9 coins and gives 4 of them away."
 RECEIVER_TEXT = "receiver: Ben has 5 fewer coins than Ned."
+
+
+@pytest.fixture(scope="module")
+def agent_of(models, tokenizer):
+    """arch -> a fresh Agent: the session's tiny model, or (cohere, glm) one built once for this module."""
+    from latentwire.agent import Agent
+    from latentwire.models import tiny_model
+
+    built = dict(models)
+
+    def get(arch):
+        if arch not in built:
+            built[arch] = tiny_model(arch)
+        return Agent(built[arch], tokenizer, model_name=arch)
+
+    return get
 
 
 def _reference_forward(t, sharer, receiver):
@@ -89,9 +105,9 @@ def _max_diff(a, b):
 
 @pytest.mark.parametrize("how", ["prefill", "gaps", "negative"])
 @pytest.mark.parametrize("sharer,receiver", PAIRS)
-def test_stacked_forward_matches_the_per_layer_reference(sharer, receiver, how, agent_for):
-    S = _variant(agent_for(sharer).prefill(SHARER_TEXT), how)
-    R = _variant(agent_for(receiver).prefill(RECEIVER_TEXT), how)
+def test_stacked_forward_matches_the_per_layer_reference(sharer, receiver, how, agent_of):
+    S = _variant(agent_of(sharer).prefill(SHARER_TEXT), how)
+    R = _variant(agent_of(receiver).prefill(RECEIVER_TEXT), how)
     t = _perturbed(S, R)
     ref, out = _reference_forward(t, S, R), t(S, R)
     assert _max_diff(ref, R) > 1e-2  # not vacuous: the residuals are real
@@ -113,9 +129,9 @@ def test_stacked_forward_matches_the_per_layer_reference(sharer, receiver, how, 
 
 
 @pytest.mark.parametrize("sharer,receiver", PAIRS)
-def test_zero_init_is_bit_identical_in_bf16_too(sharer, receiver, agent_for):
-    S = agent_for(sharer).prefill(SHARER_TEXT).to(dtype=torch.bfloat16)
-    R = agent_for(receiver).prefill(RECEIVER_TEXT).to(dtype=torch.bfloat16)
+def test_zero_init_is_bit_identical_in_bf16_too(sharer, receiver, agent_of):
+    S = agent_of(sharer).prefill(SHARER_TEXT).to(dtype=torch.bfloat16)
+    R = agent_of(receiver).prefill(RECEIVER_TEXT).to(dtype=torch.bfloat16)
     out = build("xkv", S.geometry, R.geometry)(S, R)
     assert all(torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values) and a.keys.dtype == torch.bfloat16
                for a, b in zip(out.layers, R.layers, strict=True))

@@ -206,6 +206,19 @@ def _refuse_sliding(agent: Agent, state: KVState) -> None:
             "latentwire scores on the global layers.")
 
 
+def refuse_rope_kvpress_cannot_rotate(agent: Agent, press: str) -> None:
+    """kvpress rotates queries itself (SnapKV's window attention, KVzip's reconstruction) with Llama's
+    `rotate_half` over the whole head: wrong for interleaved pairs (Cohere, GLM) and for partial rotary
+    (Phi, GLM). Refused there rather than scored with wrongly rotated queries."""
+    g = agent.geometry
+    odd = sorted({kind for kind, spec in g.rope if spec.interleaved or spec.rotary_dim < g.head_dim})
+    if odd:
+        raise PressUnsupportedError(
+            f"{press} cannot score {g.model}: kvpress rotates its queries as Llama does (pairs (i, i + D/2) over "
+            f"the whole head), and this model's RoPE ({', '.join(odd)} layers) is interleaved or partial. Use "
+            "cacheback, h2o, tova or knorm.")
+
+
 @torch.inference_mode()
 def kvzip_layer_scores(agent: Agent, state: KVState, chunk_size: int = 2048,
                        plus: bool = False) -> tuple[dict[int, torch.Tensor], float]:

@@ -132,7 +132,7 @@ from ..errors import PressUnsupportedError  # noqa: F401  (re-exported: callers 
 from ..state import KVState
 from .base import Selector, register
 from .press_recording import (CHUNKKV_SCORERS, _kv, _refuse_sliding, _with_latents, chunk_row_scores,  # noqa: F401
-                              kvzip_scores, record_prefill_scores, recording_press)
+                              kvzip_scores, record_prefill_scores, recording_press, refuse_rope_kvpress_cannot_rotate)
 
 if TYPE_CHECKING:
     from kvpress import BasePress
@@ -152,7 +152,11 @@ class PressSelector(Selector):
     def make_press(self, n_tokens: int) -> "BasePress":
         """The kvpress press to record, for a prefill of n_tokens (≥ 2) tokens."""
 
+    rotates_queries: ClassVar[bool] = False  # kvpress rotates queries itself (SnapKV's window attention)
+
     def score(self, agent: Agent, state: KVState, query: str) -> torch.Tensor:
+        if self.rotates_queries:
+            refuse_rope_kvpress_cannot_rotate(agent, self.name)
         n = int((~state.is_latent).sum())
         if n < 2:  # nothing to rank
             agent.geometry.check_same(state.geometry)
@@ -179,6 +183,7 @@ def _snapkv_window(window_size: int, n_tokens: int) -> int:
 @dataclass
 class SnapKVSelector(PressSelector):
     name = "snapkv"
+    rotates_queries: ClassVar[bool] = True
     window_size: int = 64  # kvpress default: the last 64 prefill tokens are the observation queries
     kernel_size: int = 5  # kvpress default: avg-pool width along positions
 
@@ -226,6 +231,10 @@ class ChunkKVSelector(PressSelector):
     window_size: int = 64  # snapkv only
     kernel_size: int = 5  # snapkv only
 
+    @property
+    def rotates_queries(self) -> bool:  # SnapKV inside rotates queries; knorm reads keys only
+        return self.scorer == "snapkv"
+
     def __post_init__(self):
         if self.scorer not in CHUNKKV_SCORERS:
             raise ValueError(f"scorer must be one of {CHUNKKV_SCORERS}, got {self.scorer!r}")
@@ -259,6 +268,7 @@ class KVzipSelector(Selector):
         self.last_seconds = self.last_press_seconds = 0.0
         agent.geometry.check_same(state.geometry)
         _refuse_sliding(agent, state)
+        refuse_rope_kvpress_cannot_rotate(agent, self.name)
         if int((~state.is_latent).sum()) < 2:  # nothing to rank
             return torch.zeros(len(state), dtype=torch.float64, device=state.device)
         scores, self.last_press_seconds = kvzip_scores(agent, state, self.chunk_size, self.plus)
