@@ -20,8 +20,8 @@ from transformers.cache_utils import DynamicCache
 from . import attention
 from .errors import ContextOverflowError, StateFormatError, UnknownNameError
 from .message import Rows
-from .rope import decoder_of
 from .models import load, tokenizer_fingerprint
+from .rope import decoder_of
 from .state import Geometry, KVState
 
 log = logging.getLogger("latentwire")
@@ -191,8 +191,8 @@ class Agent:
         n = (ids if ids is not None else embeds).shape[-2 if embeds is not None else -1]
         pos = torch.arange(start, start + n, device=self.device)[None]
         out = self.decoder(input_ids=None if ids is None else self.ids(ids).reshape(1, -1),
-                               inputs_embeds=None if embeds is None else embeds.reshape(1, n, -1),
-                               past_key_values=cache, position_ids=pos, use_cache=True)
+                           inputs_embeds=None if embeds is None else embeds.reshape(1, n, -1),
+                           past_key_values=cache, position_ids=pos, use_cache=True)
         return out.last_hidden_state[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -77,7 +77,7 @@ def query_attention(agent: Agent, state: KVState, query: str):
     try:
         with torch.inference_mode():
             agent.decoder(input_ids=ids[None], past_key_values=cache, use_cache=True,
-                              position_ids=torch.arange(T, T + m, device=agent.device)[None])
+                          position_ids=torch.arange(T, T + m, device=agent.device)[None])
     finally:
         for h in hooks:
             h.remove()

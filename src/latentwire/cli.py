@@ -31,11 +31,13 @@ def parsers(parser: argparse.ArgumentParser):
                 yield from parsers(sub)
 
 
-def _placement_args(p: argparse.ArgumentParser) -> None:
+def _placement_args(p: argparse.ArgumentParser, dtype: str | None = None) -> None:
+    """--device and --dtype; `dtype` overrides the dtype default (None: the machine's, placement.py)."""
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:N or mps; default: cuda if available, else cpu "
                                                    "($LATENTWIRE_DEVICE overrides the default)")
-    p.add_argument("--dtype", default=None, help="float32, bfloat16 or float16; default: bfloat16 on CUDA and on "
-                                                  "CPUs with AMX / AVX512-BF16, float32 otherwise ($LATENTWIRE_DTYPE)")
+    p.add_argument("--dtype", default=dtype, help="float32, bfloat16 or float16" + (
+        "" if dtype else "; default: bfloat16 on CUDA and on CPUs with AMX / AVX512-BF16, float32 otherwise "
+                         "($LATENTWIRE_DTYPE)"))
 
 
 def _load_agent(args):
@@ -223,10 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="does latentwire work on this model? its geometry, then the laws it "
                                          "relies on, measured on the model (exit 0: all pass)")
     check.add_argument("--model", required=True, help="bundled model name, local HF directory or hub id")
-    _placement_args(check)
-    for action in check._actions:  # the laws are exact in float32: check there unless told otherwise
-        if action.dest == "dtype":
-            action.default, action.help = "float32", "float32 (exact laws, tight bounds), bfloat16 or float16"
+    _placement_args(check, dtype="float32")  # the laws are exact in float32: checked there unless told otherwise
     check.set_defaults(fn=_check)
     demo = sub.add_parser("demo", help="senders read private documents, a receiver answers; every protocol")
     demo.add_argument("--model", default="smollm2-135m", help="bundled model name or local HF directory")

@@ -88,9 +88,10 @@ def check_model(agent: Agent) -> list[Check]:
                      f"{len(ids)} positions"))
 
     thought = agent.think(state, steps=2).shift(OFFSET)
-    back = decode(encode(thought, protocol="check"), expect=agent.geometry).body
+    data = encode(thought, protocol="check")
+    back = decode(data, expect=agent.geometry).body
     out.append(Check("wire", 0.0 if back.digest() == thought.digest() else 1.0, 0.0,
-                     f"{len(thought)} rows after 2 latent steps, {len(encode(thought, protocol='check')):,} bytes"))
+                     f"{len(thought)} rows after 2 latent steps, {len(data):,} bytes"))
     return out
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 
 TINY_ARCHS = ("llama", "gemma3", "qwen2")
-OTHER_ARCHS = ("qwen3", "mistral", "phi3", "phi", "olmo2", "granite", "cohere", "glm")
 _SPECIALS = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
 _CHATML = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -55,12 +54,26 @@ def tiny_merged_tokenizer(chat_template: str = _BRACKETS):
     return _byte_level(["Ġt", "he", "Ġthe"], [("Ġ", "t"), ("h", "e"), ("Ġt", "he")], chat_template)
 
 
+# arch -> (transformers config class, what differs from the shared tiny shape)
+_OTHER = {
+    "qwen3": ("Qwen3Config", dict(head_dim=16)),
+    "mistral": ("MistralConfig", dict(head_dim=16, sliding_window=None)),
+    "phi3": ("Phi3Config", dict(partial_rotary_factor=0.5)),
+    "phi": ("PhiConfig", dict(partial_rotary_factor=0.5)),
+    "olmo2": ("Olmo2Config", {}),
+    "granite": ("GraniteConfig", dict(embedding_multiplier=12.0, attention_multiplier=0.1, residual_multiplier=0.5,
+                                      logits_scaling=4.0)),
+    "cohere": ("CohereConfig", {}),
+    "glm": ("GlmConfig", dict(head_dim=16)),
+}
+OTHER_ARCHS = tuple(_OTHER)
+
 TINY_VOCAB = 264  # ≥ len(tiny_tokenizer()) == 261
 
 
 def tiny_config(arch: str, **overrides):
-    from transformers import (CohereConfig, Gemma3TextConfig, GlmConfig, GraniteConfig, LlamaConfig, MistralConfig,
-                              Olmo2Config, Phi3Config, PhiConfig, Qwen2Config, Qwen3Config)
+    import transformers
+    from transformers import Gemma3TextConfig, LlamaConfig, Qwen2Config
 
     common = dict(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_attention_heads=4,
                   max_position_embeddings=1024, tie_word_embeddings=True, bos_token_id=1, eos_token_id=4,
@@ -76,27 +89,10 @@ def tiny_config(arch: str, **overrides):
             rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
                              "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0}},
         ) | overrides)
-    elif arch == "qwen3":
-        cfg = Qwen3Config(**common | dict(num_hidden_layers=3, num_key_value_heads=2, head_dim=16) | overrides)
-    elif arch == "mistral":
-        cfg = MistralConfig(**common | dict(num_hidden_layers=3, num_key_value_heads=2, head_dim=16,
-                                            sliding_window=None) | overrides)
-    elif arch == "phi3":
-        cfg = Phi3Config(**common | dict(num_hidden_layers=3, num_key_value_heads=2, partial_rotary_factor=0.5)
-                         | overrides)
-    elif arch == "phi":
-        cfg = PhiConfig(**common | dict(num_hidden_layers=3, num_key_value_heads=2, partial_rotary_factor=0.5)
-                        | overrides)
-    elif arch == "cohere":
-        cfg = CohereConfig(**common | dict(num_hidden_layers=3, num_key_value_heads=2) | overrides)
-    elif arch == "glm":
-        cfg = GlmConfig(**common | dict(num_hidden_layers=3, num_key_value_heads=2, head_dim=16) | overrides)
-    elif arch == "olmo2":
-        cfg = Olmo2Config(**common | dict(num_hidden_layers=3, num_key_value_heads=2) | overrides)
-    elif arch == "granite":
-        cfg = GraniteConfig(**common | dict(num_hidden_layers=3, num_key_value_heads=2, embedding_multiplier=12.0,
-                                            attention_multiplier=0.1, residual_multiplier=0.5, logits_scaling=4.0)
-                            | overrides)
+    elif arch in OTHER_ARCHS:  # three layers, 2 KV heads, plus what makes each architecture differ
+        config_class, extra = _OTHER[arch]
+        cfg = getattr(transformers, config_class)(**common | dict(num_hidden_layers=3, num_key_value_heads=2) | extra
+                                                  | overrides)
     else:
         from ..errors import UnknownNameError
 

@@ -143,6 +143,7 @@ class PressSelector(Selector):
     """A selector whose scores are a kvpress scorer's, recorded during a prefill of the state's tokens."""
 
     attn_implementation: ClassVar[str | None] = None  # forced for the recording pass (None: the model's)
+    rotates_queries: ClassVar[bool] = False  # kvpress rotates queries itself (SnapKV's window attention)
     # Timing of the last `score` call (see the module docstring): subtract `last_seconds` from a
     # benchmark's sender time; `last_press_seconds` is the scoring a deployed sender would still pay.
     last_seconds: float = field(default=0.0, init=False, repr=False, compare=False)
@@ -151,8 +152,6 @@ class PressSelector(Selector):
     @abstractmethod
     def make_press(self, n_tokens: int) -> "BasePress":
         """The kvpress press to record, for a prefill of n_tokens (≥ 2) tokens."""
-
-    rotates_queries: ClassVar[bool] = False  # kvpress rotates queries itself (SnapKV's window attention)
 
     def score(self, agent: Agent, state: KVState, query: str) -> torch.Tensor:
         if self.rotates_queries:

@@ -35,7 +35,7 @@ def answer_loss(agent: Agent, state: KVState, question: str, answer: str) -> tor
     agent.geometry.check_same(state.geometry)
     cache = (state if state.is_compact else state.compact()).to_cache()
     out = agent.decoder(input_ids=ids[None], past_key_values=cache,
-                            position_ids=torch.arange(T, T + len(ids), device=device)[None], use_cache=True)
+                        position_ids=torch.arange(T, T + len(ids), device=device)[None], use_cache=True)
     hidden = out.last_hidden_state[0, len(prompt) - 1:-1]  # (n_ans, d): each predicts the next answer token
     logits = agent.logits(hidden).float()
     return torch.nn.functional.cross_entropy(logits, ids[len(prompt):])

@@ -54,21 +54,20 @@ def cacheback_send(node, spec, document: str, question: str, index: int = 0):
     from ..wire import Selection
 
     p, agent = node.protocol(*spec), node.agent
-    t0 = time.perf_counter()
     sent = p.send_one(agent, document, question, index)
     t1 = time.perf_counter()
-    if isinstance(sent.part, Spans):  # text (+ latent rows) for a receiver of any model: the message names no rows
-        packed, kept = node.pack(sent.part, protocol=p.name), sent.part.spans
-        m = sent.part
-        sent.timing.update(spans=len(m.spans), text_chars=len(m.text), latent_rows=0 if m.latents is None else
-                           len(m.latents))  # as CacheBackX.run records them
+    m = sent.part
+    if isinstance(m, Spans):  # text (+ latent rows) for a receiver of any model: the message names no rows
+        packed, kept = node.pack(m, protocol=p.name), m.spans
+        sent.timing.update(spans=len(m.spans), text_chars=len(m.text),  # as CacheBackX.run records them
+                           latent_rows=0 if m.latents is None else len(m.latents))
     else:
         budget = fanin_budget(sent.timing["rows"], p.ratio)
-        packed, kept = node.pack(sent.part, protocol=p.name, positions=sent.positions,
+        packed, kept = node.pack(m, protocol=p.name, positions=sent.positions,
                                  selection=Selection(p.selector, budget, p.ratio),
                                  encoding="token_ids" if p.encoding == "token_ids" else None), sent.kept
     info = {"seconds": sent.seconds, "timing": sent.timing, "kept": kept, "positions": sent.positions,
-            "pack_s": time.perf_counter() - t1, "wire_bytes": _wire_len(packed), "step_s": t1 - t0}
+            "pack_s": time.perf_counter() - t1, "wire_bytes": _wire_len(packed)}
     return packed, info
 
 
