@@ -2,7 +2,7 @@
 
     python benchmarks/cross_model.py [--n 100] [--tasks facts1,code1] [--ratios 8,16]
         [--pairs smollm2-135m:qwen2.5-coder-0.5b,gemma3-270m:qwen2.5-coder-0.5b,qwen2.5-coder-0.5b:smollm2-135m]
-        [--latent-maps runs/latent_maps] [--out docs/results/cross_model]
+        [--latent-maps runs/latent_maps] [--translators runs/translators] [--out docs/results/cross_model]
 
 Per task (fan-in of 3; `facts1` = one-hop facts with ≈ 500-token documents, `code1` = single-scope code,
 the same generators and seed as benchmarks/latent_vs_text.py) and per ordered pair A:B (senders A,
@@ -11,6 +11,9 @@ receiver B), every episode runs, each labelled "A→B protocol":
     cacheback_x(ratio=r)                            A selects as CacheBack does, B reads the spans' text
     cacheback_x(ratio=r, delivery='spans+latent')   + A's 8 latent rows mapped into B (when --latent-maps
                                                     holds <A>_<B>/, written by benchmarks/fit_latent_map.py)
+    cacheback_x(ratio=r, delivery='translated')     A's selected rows' K/V through a trained dense translator
+                                                    (when --translators holds dense_<A>_<B>/, written by
+                                                    benchmarks/train_translators.py --methods dense)
     text(ratio=r)                                   reports written by A at the same size, read by B
 and once per receiver B ("B→B ..."): alone, fullcontext, same-model cacheback(ratio=r, latent_steps=8).
 Every CacheBack row reads with G = 8 (CacheBack's default), so senders read once per (episode, model) and
@@ -54,7 +57,8 @@ class Mixed:
         return self.protocol.run([self.sender] * len(documents), documents, self.receiver, question)
 
 
-def plan(pairs: list[tuple[str, str]], ratios: list[int], maps: Path | None) -> list[tuple[str, str, str, dict]]:
+def plan(pairs: list[tuple[str, str]], ratios: list[int], maps: Path | None,
+         translators: Path | None = None) -> list[tuple[str, str, str, dict]]:
     """(label, sender, receiver, protocol spec) rows, in run order."""
     rows = []
     for b in dict.fromkeys(r for _, r in pairs):  # receivers' own references
@@ -69,16 +73,24 @@ def plan(pairs: list[tuple[str, str]], ratios: list[int], maps: Path | None) -> 
                 rows.append((f"{a}→{b} cacheback_x(ratio={r}, delivery='spans+latent')", a, b,
                              {"name": "cacheback_x", "ratio": r, "latent_steps": 8, "delivery": "spans+latent",
                               "latent_map": str(fitted)}))
+            trained = translators / f"dense_{a}_{b}" if translators else None
+            if trained and (trained / "config.json").exists():
+                rows.append((f"{a}→{b} cacheback_x(ratio={r}, delivery='translated')", a, b,
+                             {"name": "cacheback_x", "ratio": r, "latent_steps": 8, "delivery": "translated",
+                              "translator": str(trained)}))
             rows.append((f"{a}→{b} text(ratio={r})", a, b, {"name": "text", "ratio": r}))
     return rows
 
 
 def recorded(spec: dict) -> dict:
-    """A protocol spec as the committed config records it: a latent map inside the repository by its relative path."""
-    folder = Path(spec.get("latent_map", ""))
-    if folder.is_relative_to(ROOT):  # False for a relative path or one outside the repository
-        return spec | {"latent_map": str(folder.relative_to(ROOT))}
-    return spec
+    """A protocol spec as the committed config records it: a latent map or translator inside the repository by its
+    relative path."""
+    out = dict(spec)
+    for key in ("latent_map", "translator"):
+        folder = Path(spec.get(key, ""))
+        if folder.is_relative_to(ROOT):  # False for a relative path or one outside the repository
+            out[key] = str(folder.relative_to(ROOT))
+    return out
 
 
 def check_maps(rows, agents: dict[str, Agent]) -> dict[str, dict]:
@@ -103,15 +115,39 @@ def check_maps(rows, agents: dict[str, Agent]) -> dict[str, dict]:
     return out
 
 
+def check_translators(rows, agents: dict[str, Agent]) -> dict[str, dict]:
+    """Every translator the plan uses, loaded and checked against its sender and receiver models and for
+    context-unaware use (exit naming both models otherwise); returns each one's identity (SHA-256 of its
+    weights, its training step), which a resumed folder must match."""
+    from latentwire.translate import load
+
+    out = {}
+    for _, a, b, spec in rows:
+        if "translator" not in spec or f"{a}_{b}" in out:
+            continue
+        folder = Path(spec["translator"])
+        try:
+            t = load(folder)
+            t.check_pair(agents[a].geometry, agents[b].geometry)
+            t.check_mode(False)
+        except LatentWireError as e:
+            sys.exit(f"{folder}: {e}")
+        header = json.loads((folder / "config.json").read_text())
+        out[f"{a}_{b}"] = {"sha256": hashlib.sha256((folder / "translator.safetensors").read_bytes()).hexdigest(),
+                           "method": header["method"], "step": header.get("step")}
+    return out
+
+
 def verdict_pairs(pairs: list[tuple[str, str]], ratios: list[int], labels: set[str]) -> list[tuple[str, str]]:
     out = []
     for a, b in pairs:
         for r in ratios:
             x = f"{a}→{b} cacheback_x(ratio={r})"
             for y in (f"{b}→{b} alone", f"{a}→{b} text(ratio={r})", f"{b}→{b} cacheback(ratio={r})",
-                      f"{b}→{b} fullcontext", f"{a}→{b} cacheback_x(ratio={r}, delivery='spans+latent')"):
+                      f"{b}→{b} fullcontext", f"{a}→{b} cacheback_x(ratio={r}, delivery='spans+latent')",
+                      f"{a}→{b} cacheback_x(ratio={r}, delivery='translated')"):
                 if y in labels:
-                    out.append((y, x) if "spans+latent" in y else (x, y))
+                    out.append((y, x) if "delivery=" in y else (x, y))
     return out
 
 
@@ -151,6 +187,9 @@ def main() -> None:
     ap.add_argument("--pairs", default=PAIRS, help="comma-separated SENDER:RECEIVER model names")
     ap.add_argument("--latent-maps", type=Path, default=ROOT / "runs" / "latent_maps",
                     help="folder of fitted maps <sender>_<receiver>/ (spans+latent rows run where one exists)")
+    ap.add_argument("--translators", type=Path, default=ROOT / "runs" / "translators",
+                    help="folder of trained translators dense_<sender>_<receiver>/ (translated rows run where one "
+                         "exists)")
     ap.add_argument("--dtype", default=None, help="default: latentwire's choice for this machine (bf16 here)")
     ap.add_argument("--out", type=Path, default=OUT, help="results folder (one subfolder per task)")
     args = ap.parse_args()
@@ -161,11 +200,12 @@ def main() -> None:
     if any(len(p) != 2 for p in pairs):
         sys.exit("--pairs: want SENDER:RECEIVER[,SENDER:RECEIVER...]")
     ratios = [int(r) for r in args.ratios.split(",")]
-    rows = plan(pairs, ratios, args.latent_maps)
+    rows = plan(pairs, ratios, args.latent_maps, args.translators)
     protocols = {label: get_protocol(spec["name"], **{k: v for k, v in spec.items() if k != "name"})
                  for label, _, _, spec in rows}  # every spec validated before any model loads
     agents = {m: Agent.from_pretrained(m, dtype=args.dtype) for m in dict.fromkeys(x for p in pairs for x in p)}
     maps = check_maps(rows, agents)  # a map of another pair or latent mode stops the run before any episode
+    trained = check_translators(rows, agents)  # so does a translator of another pair or context mode
     cmd = " ".join(["python benchmarks/cross_model.py"] + sys.argv[1:])
     for task in tasks:
         folder = args.out / task
@@ -175,7 +215,7 @@ def main() -> None:
         config = {"task": task, "n": args.n, "seed": args.seed, "pairs": pairs, "ratios": ratios,
                   "protocols": {label: {"sender": a, "receiver": b} | recorded(spec) for label, a, b, spec in rows},
                   "dtype": {m: str(ag.dtype) for m, ag in agents.items()}, "latent_maps": maps,
-                  "environment": environment(), "resumed": []}
+                  "translators": trained, "environment": environment(), "resumed": []}
         cfg_path, done = folder / "config.json", finished(folder / "records.jsonl", "episode")
         if done and cfg_path.exists():  # resuming: keep the first run's environment, log this one's
             first = json.loads(cfg_path.read_text())
@@ -186,12 +226,17 @@ def main() -> None:
             if refit:
                 sys.exit(f"{folder} holds spans+latent records made with other latent maps for {refit} (another "
                          "fit or folder); use a new --out, or the maps these records were made with")
+            retrained = sorted(k for k, v in trained.items() if first.get("translators", {}).get(k, v) != v)
+            if retrained:
+                sys.exit(f"{folder} holds translated records made with other translators for {retrained}; use a new "
+                         "--out, or the translators these records were made with")
             config |= {"n": max(first["n"], args.n), "environment": first["environment"],
                        "resumed": first.get("resumed", []) + [config["environment"]],
                        "pairs": first["pairs"] + [list(p) for p in pairs if list(p) not in first["pairs"]],
                        "ratios": sorted(set(first["ratios"]) | set(ratios)),
                        "protocols": first["protocols"] | config["protocols"], "dtype": first["dtype"] | config["dtype"],
-                       "latent_maps": first.get("latent_maps", {}) | maps}
+                       "latent_maps": first.get("latent_maps", {}) | maps,
+                       "translators": first.get("translators", {}) | trained}
         cfg_path.write_text(json.dumps(config, indent=2) + "\n")
         run_id = (config["resumed"][-1] if config["resumed"] else config["environment"])["run"]  # this invocation
         t0 = time.perf_counter()

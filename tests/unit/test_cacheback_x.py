@@ -203,7 +203,9 @@ def test_a_map_of_another_latent_mode_is_refused(agent_for, other, fitted):
 
 
 @pytest.mark.parametrize("params, error, match", [
-    (dict(delivery="translated"), UnknownNameError, "unknown delivery 'translated'; valid: spans, spans\\+latent"),
+    (dict(delivery="kv"), UnknownNameError, "unknown delivery 'kv'; valid: spans, spans\\+latent, translated"),
+    (dict(delivery="translated"), ConfigError, "needs translator"),
+    (dict(translator="some/folder"), ConfigError, "needs translator"),
     (dict(delivery="spans+latent"), ConfigError, "needs latent_map"),
     (dict(latent_map="some/folder"), ConfigError, "needs latent_map"),
     (dict(encoding="token_ids"), ConfigError, "leave `encoding`"),

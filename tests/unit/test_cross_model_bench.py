@@ -46,3 +46,31 @@ def test_recorded_spec_keeps_repository_paths_relative(monkeypatch, tmp_path):
     outside = {"name": "cacheback_x", "latent_map": str(tmp_path / "a_b")}
     assert cm.recorded(outside) == outside  # a map outside the repository keeps its absolute path
     assert cm.recorded({"name": "text", "ratio": 8}) == {"name": "text", "ratio": 8}
+
+
+def test_translators_are_planned_checked_and_pinned(tmp_path, monkeypatch, models, tokenizer):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import cross_model as cm
+
+    from latentwire.translate import build
+
+    agents = {k: Agent(models[k], tokenizer, k) for k in ("qwen2", "llama", "gemma3")}
+    build("dense", agents["qwen2"].geometry, agents["llama"].geometry, context_aware=False).save(
+        tmp_path / "dense_qwen2_llama", extra={"step": 7})
+    rows = cm.plan([("qwen2", "llama"), ("gemma3", "llama")], [8], None, tmp_path)
+    translated = [r for r in rows if r[3].get("delivery") == "translated"]
+    assert [r[0] for r in translated] == ["qwen2→llama cacheback_x(ratio=8, delivery='translated')"]  # gemma3: none
+    ident = cm.check_translators(translated, agents)
+    assert ident["qwen2_llama"]["method"] == "dense" and ident["qwen2_llama"]["step"] == 7
+    assert len(ident["qwen2_llama"]["sha256"]) == 64
+    wrong = [("gemma3→llama x", "gemma3", "llama", translated[0][3])]
+    with pytest.raises(SystemExit, match="qwen2 -> receiver llama; got sharer gemma3"):
+        cm.check_translators(wrong, agents)
+    build("dense", agents["gemma3"].geometry, agents["llama"].geometry, context_aware=True).save(
+        tmp_path / "dense_gemma3_llama")
+    aware = cm.plan([("gemma3", "llama")], [8], None, tmp_path)
+    with pytest.raises(SystemExit, match="trained context-aware"):
+        cm.check_translators(aware, agents)
+    labels = {r[0] for r in rows}
+    assert ("qwen2→llama cacheback_x(ratio=8, delivery='translated')", "qwen2→llama cacheback_x(ratio=8)") in \
+        cm.verdict_pairs([("qwen2", "llama")], [8], labels)

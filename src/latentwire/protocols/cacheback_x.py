@@ -15,7 +15,14 @@ embeddings, other vocabulary), so the selection travels by `delivery`:
                     by a `LatentMap` fitted for the pair (translate/latent_map.py, ridge in closed form),
                     each rescaled to B's mean token-embedding norm as `Agent.rows` does for a model's own
                     latent rows. A map of another pair, or of another latent mode, is refused.
-    ("translated", a trained translator's rows, is not implemented.)
+    "translated"    the selected rows' K/V (first and latent rows included, as CacheBack sends them) go through
+                    a trained dense-alignment translator of the pair (translate/dense_alignment.py), on the
+                    sender: the message is a compact KV state in the receiver's geometry, which the receiver
+                    attends to as a full-KV prefix (`Agent.answer(question, message=state)`), never re-prefills.
+                    Dense alignment maps each row on its own, so translating the selection equals selecting
+                    from the translated state (test). XKV, LCF-X and C2C write residuals into the receiver's
+                    own cache of the same text, which this receiver never reads: refused. The translator must
+                    be trained context-unaware (the receiver reads nothing else), or be untrained.
 
 The receiver builds one `Rows` in its own space (`receiver_rows`): per sender, in sender order, the
 spans' text as its own tokenizer splits it, then that sender's mapped latent rows; senders separated by
@@ -25,7 +32,9 @@ window raises MessageOverflowError (a ContextOverflowError naming the senders' a
 models) before the receiver computes anything.
 
 Bytes: each message's UTF-8 text plus its latent rows (`Spans.nbytes`); on the wire a `Spans` is the
-"spans" / "spans_latent" encoding (wire/format.py, version 2). The receiver's map and embedding time
+"spans" / "spans_latent" encoding (wire/format.py, version 2). "translated": the K/V bytes of the
+translated states (`KVState.nbytes`), the "kv" encoding in the receiver's geometry; the translator's
+time counts in the sender's seconds (inside `select_s`). The receiver's map and embedding time
 counts in its seconds. `kept_spans` are the spans sent, per sender, so evidence recall is measured as
 for CacheBack.
 """
@@ -38,27 +47,31 @@ from typing import Sequence
 
 import torch
 
-from ..agent import MESSAGE_PROMPT, Agent
+from ..agent import KV_PROMPT, MESSAGE_PROMPT, Agent
 from ..errors import ConfigError, ContextOverflowError, UnknownNameError
 from ..message import SEPARATOR, Rows, Spans, merge_spans
 from ..state import KVState
+from ..translate import load as load_translator
+from ..translate.base import Translator, cast, read_header
 from ..translate.latent_map import LatentMap
 from .base import Outcome, register
 from .cacheback import CacheBack
 
-DELIVERIES = ("spans", "spans+latent")
+DELIVERIES = ("spans", "spans+latent", "translated")
+ROW_TRANSLATORS = ("dense",)  # translators that map rows on their own (needs_receiver=False)
 SENDER_SEPARATOR = "\n\n"  # between two senders' texts in the receiver's slot
-__all__ = ["DELIVERIES", "SENDER_SEPARATOR", "SEPARATOR", "CacheBackX", "MessageOverflowError", "receiver_rows",
-           "sent_spans"]
+__all__ = ["DELIVERIES", "ROW_TRANSLATORS", "SENDER_SEPARATOR", "SEPARATOR", "CacheBackX", "MessageOverflowError",
+           "receiver_rows", "receiver_state", "sent_spans"]
 
 
 class MessageOverflowError(ContextOverflowError):
-    """Spans (text + latent rows) that would overflow the receiver's context window; names both sides' models."""
+    """A message (spans text + latent rows, or translated rows) that would overflow the receiver's context window;
+    names both sides' models."""
 
     def __init__(self, needed: int, window: int, breakdown: dict[str, int], senders: Sequence[str], receiver: str):
         super().__init__(needed, window, breakdown)
         self.senders, self.receiver = tuple(senders), receiver
-        self.args = (f"spans from sender {', '.join(self.senders)} to receiver {receiver}: {self.args[0]}",)
+        self.args = (f"message from sender {', '.join(self.senders)} to receiver {receiver}: {self.args[0]}",)
 
     def __reduce__(self):
         return type(self), (self.needed, self.window, self.breakdown, self.senders, self.receiver)
@@ -68,11 +81,14 @@ class MessageOverflowError(ContextOverflowError):
 @dataclass
 class CacheBackX(CacheBack):
     """CacheBack to a receiver of another model: the selected rows travel as document text spans (plus mapped
-    latent rows). Key parameters: `delivery`, `latent_map`, and CacheBack's `ratio` and `latent_steps`."""
+    latent rows, or translated K/V). Key parameters: `delivery`, `latent_map` / `translator`, and CacheBack's
+    `ratio` and `latent_steps`."""
     name = "cacheback_x"
-    delivery: str = "spans"  # "spans" or "spans+latent"
+    delivery: str = "spans"  # "spans", "spans+latent" or "translated"
     # "spans+latent": the LatentMap for (sender -> receiver), a folder written by `LatentMap.save` or the map
     latent_map: str | Path | LatentMap | None = None
+    # "translated": a dense translator for (sender -> receiver), a checkpoint folder (`latentwire train`) or one
+    translator: str | Path | Translator | None = None
 
     def __post_init__(self):
         super().__post_init__()
@@ -86,7 +102,21 @@ class CacheBackX(CacheBack):
                              "LatentMap) and 'spans' takes none")
         if not isinstance(self.latent_map, (str, Path, LatentMap, type(None))):
             raise ValueError(f"latent_map: want a folder or a LatentMap, got {type(self.latent_map).__name__}")
+        if (self.delivery == "translated") != (self.translator is not None):
+            raise ValueError("delivery 'translated' needs translator= (a dense translator checkpoint folder, or the "
+                             "translator) and the other deliveries take none")
+        if self.translator is not None:
+            if not isinstance(self.translator, (str, Path, Translator)):
+                raise ValueError(f"translator: want a checkpoint folder or a Translator, got "
+                                 f"{type(self.translator).__name__}")
+            method = self.translator.name if isinstance(self.translator, Translator) else \
+                read_header(self.translator).get("method")
+            if method not in ROW_TRANSLATORS:
+                raise ConfigError(f"delivery 'translated' needs a translator that maps rows on their own "
+                                  f"({', '.join(ROW_TRANSLATORS)}); {method!r} writes residuals into the receiver's "
+                                  "own cache of the same text, which a cacheback_x receiver never reads")
         self._maps: dict[str, LatentMap] = {}  # receiver device -> the map there
+        self._translators: dict[str, Translator] = {}  # sender device -> the translator there
 
     def map_for(self, receiver: Agent) -> LatentMap:
         """The latent map on the receiver's device, loaded once; its latent mode must be this protocol's."""
@@ -99,9 +129,23 @@ class CacheBackX(CacheBack):
             self._maps[key] = m.to(receiver.device)
         return self._maps[key]
 
+    def translator_for(self, device: torch.device | str) -> Translator:
+        """The dense translator on `device` (the sender's), loaded once, in eval mode, for context-unaware use."""
+        key = str(device)
+        if key not in self._translators:
+            t = self.translator if isinstance(self.translator, Translator) else None
+            t = load_translator(self.translator, device) if t is None else t.to(device).eval()
+            t.check_mode(False)  # ContextModeError if trained context-aware: this receiver reads nothing else
+            self._translators[key] = t
+        return self._translators[key]
+
     def pack(self, sender: Agent, state: KVState, rows: torch.Tensor, per_row: list, document: str,
-             index: int) -> Spans:
-        """Sender `index`'s message: the document spans its selected rows cover (+ its latent rows)."""
+             index: int) -> Spans | KVState:
+        """Sender `index`'s message: the document spans its selected rows cover (+ its latent rows), or ("translated")
+        the selected rows' K/V translated into the receiver's geometry."""
+        if self.delivery == "translated":
+            with torch.inference_mode():
+                return self.translator_for(sender.device)(state.select(rows))  # (B' rows) compact, receiver's
         latents = None
         if self.delivery == "spans+latent":
             lat = rows[state.is_latent[rows]]  # (G,) every latent row is always kept
@@ -110,37 +154,56 @@ class CacheBackX(CacheBack):
         return Spans.of(document, sent_spans(per_row, rows), index,
                         (sender.geometry.model, sender.geometry.tokenizer), latents)
 
-    def receive(self, receiver: Agent, question: str, parts: Sequence[Spans]) -> Rows:
-        """The receiver's rows for the senders' Spans (`receiver_rows`, with this protocol's map if it has one)."""
+    def receive(self, receiver: Agent, question: str, parts: Sequence[Spans] | Sequence[KVState]) -> Rows | KVState:
+        """The receiver's message from the senders' parts: Rows for Spans (`receiver_rows`, with this protocol's map
+        if it has one); for translated states their concatenation (`receiver_state`)."""
+        if self.delivery == "translated":
+            return receiver_state(receiver, question, parts, self.max_new_tokens,
+                                  [self.translator_for(receiver.device).sharer.model])
         latent_map = self.map_for(receiver) if self.delivery == "spans+latent" else None
         return receiver_rows(receiver, question, parts, latent_map, self.max_new_tokens)
 
     def check_map(self, senders: Sequence, receiver: Agent) -> None:
-        """LatentMapMismatchError unless this protocol's map (if any) was fitted for each sender and `receiver`.
-        `senders`: Agents, or their Geometries where the senders live elsewhere (a transport)."""
+        """LatentMapMismatchError (GeometryMismatchError for a translator) unless this protocol's map or translator
+        (if any) was made for each sender and `receiver`. `senders`: Agents, or their Geometries where the
+        senders live elsewhere (a transport)."""
         if self.delivery == "spans+latent":
             latent_map = self.map_for(receiver)
             for sender in senders:
                 latent_map.check(sender, receiver)
+        if self.delivery == "translated":
+            translator = self.translator_for(receiver.device)
+            for sender in senders:
+                translator.check_pair(getattr(sender, "geometry", sender), receiver.geometry)
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
         self.check_map(senders, receiver)  # refused before any sender reads
         self.check_senders(senders, documents, question)  # every sender's read fits its window, before any reads
-        messages, seconds, _, timing = self.send(senders, documents, question)
+        messages, seconds, kept, timing = self.send(senders, documents, question)
         t0 = time.perf_counter()
-        rows = self.receive(receiver, question, messages)
+        message = self.receive(receiver, question, messages)
         build_s = time.perf_counter() - t0
-        reply = receiver.answer(question, message=rows, max_new_tokens=self.max_new_tokens)
-        for t, m in zip(timing, messages):
-            t.update(spans=len(m.spans), text_chars=len(m.text), latent_rows=0 if m.latents is None else len(m.latents))
-        n_lat = int((rows.token_ids == -1).sum())
-        text_bytes = sum(len(m.text.encode("utf-8")) for m in messages)
-        nbytes = sum(m.nbytes for m in messages)
-        return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds + build_s,
-                       {"senders": timing, "delivery": self.delivery, "message_rows": len(rows),
-                        "text_rows": len(rows) - n_lat, "latent_rows": n_lat, "text_bytes": text_bytes,
-                        "latent_bytes": nbytes - text_bytes, "receiver_build_s": build_s},
-                       kept_spans=tuple(m.spans for m in messages))
+        reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
+        details = {"senders": timing, "delivery": self.delivery, "message_rows": len(message),
+                   "receiver_build_s": build_s}
+        if self.delivery == "translated":
+            for t, m in zip(timing, messages):
+                t.update(translated_rows=len(m))
+            nbytes = sum(m.nbytes for m in messages)
+            details |= {"translated_rows": len(message), "kv_bytes": nbytes}
+            kept = tuple(kept)  # the selected rows' document spans, as CacheBack reports them
+        else:
+            for t, m in zip(timing, messages):
+                t.update(spans=len(m.spans), text_chars=len(m.text),
+                         latent_rows=0 if m.latents is None else len(m.latents))
+            n_lat = int((message.token_ids == -1).sum())
+            text_bytes = sum(len(m.text.encode("utf-8")) for m in messages)
+            nbytes = sum(m.nbytes for m in messages)
+            kept = tuple(m.spans for m in messages)
+            details |= {"text_rows": len(message) - n_lat, "latent_rows": n_lat, "text_bytes": text_bytes,
+                        "latent_bytes": nbytes - text_bytes}
+        return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds + build_s, details,
+                       kept_spans=kept)
 
 
 def sent_spans(per_row: list, rows: torch.Tensor) -> tuple[tuple[int, int], ...]:
@@ -203,3 +266,20 @@ def receiver_rows(receiver: Agent, question: str, messages: Sequence[Spans], lat
     return Rows(torch.cat(embeds) if embeds else torch.zeros(0, d, dtype=receiver.dtype, device=receiver.device),
                 torch.cat(token_ids) if token_ids else torch.zeros(0, dtype=torch.int64, device=receiver.device),
                 (receiver.geometry.model, receiver.geometry.tokenizer))
+
+
+def receiver_state(receiver: Agent, question: str, states: Sequence[KVState], max_new_tokens: int = 48,
+                   senders: Sequence[str] = ("(translated)",)) -> KVState:
+    """The receiver's full-KV prefix for translated messages: the states one after another (in sender order, keys
+    re-rotated), in the receiver's dtype and on its device. Before any compute: GeometryMismatchError unless each
+    state is in the receiver's geometry (a translator made for another receiver), MessageOverflowError unless the
+    rows, the receiver's continuation prompt and `max_new_tokens` fit its window (`senders`: the models the
+    states were translated from, for the error)."""
+    for s in states:
+        receiver.geometry.check_same(s.geometry)
+    ids = receiver.tokenizer(receiver.continuation_text(KV_PROMPT.format(question=question)),
+                             add_special_tokens=False)["input_ids"]
+    parts = {"translated_rows": sum(len(s) for s in states), "prompt": len(ids), "max_new_tokens": max_new_tokens}
+    if sum(parts.values()) > receiver.context_window:
+        raise MessageOverflowError(sum(parts.values()), receiver.context_window, parts, senders, receiver.model_name)
+    return KVState.concat([cast(s, receiver.dtype, receiver.device) for s in states])

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ..errors import ConfigError, LatentWireError
@@ -161,7 +162,9 @@ class Node:
         """The protocol object for (name, params), built once per node."""
         from ..protocols import get_protocol
 
-        key = (name, repr(sorted(params.items())))
+        # objects (a LatentMap, a Translator) by identity: their repr does not show their weights
+        key = (name, repr(sorted((k, v if isinstance(v, (str, int, float, bool, type(None), dict, list, tuple, Path))
+                                  else f"<{type(v).__name__} {id(v)}>") for k, v in params.items())))
         if key not in self._protocols:
             self._protocols[key] = get_protocol(name, **params)
         return self._protocols[key]

@@ -4,9 +4,10 @@ the transport carries them, the receiver answers where it lives.
     outcome = run_protocol(t, get_protocol("cacheback", ratio=16), ["a", "b", "c"], docs, "r", question)
 
 Supported: cacheback and cacheback_x (fan-in; cacheback_x's senders may hold another model than the
-receiver: their messages are document spans), cacheback_chain, fullkv and merge. Each step below does exactly what the
-protocol's own `run` does for one agent, so the selected positions, the answer and the merge digest
-are the same on every transport (tests/unit/test_transport.py checks in-process against Ray).
+receiver: their messages are document spans, or K/V translated into the receiver's geometry), cacheback_chain,
+fullkv and merge. Each step below does exactly what the protocol's own `run` does for one agent, so the
+selected positions, the answer and the merge digest are the same on every transport
+(tests/unit/test_transport.py checks in-process against Ray).
 
 The Outcome is the protocol's own, plus transport details: `transport`, `positions` (per sender, as
 the receiver read them from the message), `signed_by` (key ids of verified signatures), `wire_bytes`
@@ -51,6 +52,7 @@ def cacheback_send(node, spec, document: str, question: str, index: int = 0):
     what the protocol sends for the best rows (`CacheBack.send_one`: rows, or document spans across models)."""
     from ..message import Spans
     from ..select import fanin_budget
+    from ..state import KVState
     from ..wire import Selection
 
     p, agent = node.protocol(*spec), node.agent
@@ -61,6 +63,9 @@ def cacheback_send(node, spec, document: str, question: str, index: int = 0):
         packed, kept = node.pack(m, protocol=p.name), m.spans
         sent.timing.update(spans=len(m.spans), text_chars=len(m.text),  # as CacheBackX.run records them
                            latent_rows=0 if m.latents is None else len(m.latents))
+    elif isinstance(m, KVState):  # cacheback_x "translated": K/V already in the receiver's geometry
+        packed, kept = node.pack(m, protocol=p.name), sent.kept
+        sent.timing.update(translated_rows=len(m))
     else:
         budget = fanin_budget(sent.timing["rows"], p.ratio)
         packed, kept = node.pack(m, protocol=p.name, positions=sent.positions,
@@ -75,9 +80,10 @@ def fanin_answer(node, spec, question: str, *packed):
     """A fan-in receiver (cacheback, cacheback_x, fullkv): the senders' messages in sender order, then the answer.
 
     Rows (cacheback) are concatenated and Spans (cacheback_x) tokenised by this agent (`CacheBack.receive`),
-    then re-prefilled in the receiver's template slot; KV states (fullkv) are concatenated along the sequence
-    axis. `unpack_s` times decoding plus joining.
+    then re-prefilled in the receiver's template slot; KV states (fullkv, cacheback_x "translated") are
+    concatenated along the sequence axis. `unpack_s` times decoding plus joining.
     """
+    from ..protocols.cacheback import CacheBack
     from ..message import Rows, Spans
     from ..state import KVState
 
@@ -85,7 +91,7 @@ def fanin_answer(node, spec, question: str, *packed):
     t0 = time.perf_counter()
     got = [node.unpack(m) for m in packed]
     bodies = [g.body for g in got]
-    message = KVState.concat(bodies) if isinstance(bodies[0], KVState) else p.receive(node.agent, question, bodies)
+    message = p.receive(node.agent, question, bodies) if isinstance(p, CacheBack) else KVState.concat(bodies)
     unpack_s = time.perf_counter() - t0
     reply = node.agent.answer(question, message=message, max_new_tokens=p.max_new_tokens)
     out = _answer_info(reply) | _received_info(got) | {"unpack_s": unpack_s, "message_rows": len(message)}
@@ -95,6 +101,8 @@ def fanin_answer(node, spec, question: str, *packed):
         text_bytes = sum(len(b.text.encode("utf-8")) for b in bodies)
         out |= {"spans_bytes": sum(b.nbytes for b in bodies), "text_bytes": text_bytes,
                 "text_rows": int((message.token_ids != -1).sum()), "latent_rows": int((message.token_ids == -1).sum())}
+    if isinstance(p, CacheBack) and isinstance(message, KVState):
+        out |= {"kv_bytes": sum(b.nbytes for b in bodies), "translated_rows": len(message)}
     return out
 
 
@@ -104,7 +112,8 @@ def agent_geometry(node):
 
 
 def check_latent_map(node, spec, geometries) -> None:
-    """On the receiver's node, before any sender reads: the protocol's latent map fits every sender and it."""
+    """On the receiver's node, before any sender reads: the protocol's latent map (or translator) fits every sender
+    and it."""
     node.protocol(*spec).check_map(geometries, node.agent)
 
 
@@ -203,7 +212,7 @@ def run_protocol(transport: Transport, protocol: Protocol | tuple[str, dict], se
     if isinstance(protocol, CacheBackChain):
         out = _run_chain(transport, spec, senders, documents, receiver, question, after_dispatch)
     elif isinstance(protocol, (CacheBack, FullKV)):
-        if isinstance(protocol, CacheBackX) and protocol.delivery == "spans+latent":
+        if isinstance(protocol, CacheBackX) and protocol.delivery in ("spans+latent", "translated"):
             _check_map_first(transport, spec, senders, receiver, on_lost)
         kind = "merge" if isinstance(protocol, Merge) else "cacheback" if isinstance(protocol, CacheBack) else "fullkv"
         send, answer = {"cacheback": (cacheback_send, fanin_answer), "merge": (merge_think, merge_judge),
@@ -277,6 +286,9 @@ def _run_fanin(t: Transport, spec, kind, send, answer, senders, documents, recei
             details |= {"delivery": spec[1]["delivery"], "text_rows": got["text_rows"],
                         "latent_rows": got["latent_rows"], "text_bytes": got["text_bytes"],
                         "latent_bytes": nbytes - got["text_bytes"]}
+        elif "kv_bytes" in got:  # cacheback_x "translated": K/V rows in the receiver's geometry
+            nbytes = got["kv_bytes"]
+            details |= {"delivery": spec[1]["delivery"], "kv_bytes": nbytes, "translated_rows": got["translated_rows"]}
         else:
             nbytes = got["rows_bytes"] if spec[1]["encoding"] == "rows" else got["token_id_bytes"]
             details |= {"rows_bytes": got["rows_bytes"], "token_id_bytes": got["token_id_bytes"]}
