@@ -72,10 +72,51 @@ def test_the_receiver_attends_to_the_translated_rows(agent_for, dense):
 def test_a_checkpoint_folder_is_the_same_translator(agent_for, dense, tmp_path):
     sender, receiver = agent_for("qwen2"), agent_for("gemma3")
     dense.save(tmp_path / "dense")
-    a = CacheBackX(delivery="translated", translator=dense, **SMALL).run([sender], DOCS[:1], receiver, QUESTION)
-    b = CacheBackX(delivery="translated", translator=str(tmp_path / "dense"), **SMALL).run(
-        [sender], DOCS[:1], receiver, QUESTION)
-    assert (a.answer, a.message_bytes, a.kept_spans) == (b.answer, b.message_bytes, b.kept_spans)
+    a = CacheBackX(delivery="translated", translator=dense, **SMALL)
+    b = CacheBackX(delivery="translated", translator=str(tmp_path / "dense"), **SMALL)
+    pa, pb = (x.send_one(sender, DOCS[0], QUESTION, 0).part for x in (a, b))
+    for la, lb in zip(pa.layers, pb.layers):  # the same weights: the same K/V, bit for bit
+        assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)
+    assert a.run([sender], DOCS[:1], receiver, QUESTION).answer == b.run([sender], DOCS[:1], receiver, QUESTION).answer
+
+
+def test_a_bf16_reader_and_a_float32_answerer(models, tokenizer, dense):
+    from latentwire.agent import Agent
+    from latentwire.models import tiny_model
+
+    model = tiny_model("qwen2")  # the session's qwen2; weights in bf16, RoPE frequencies kept in float32 as
+    for w in model.parameters():  # from_pretrained(dtype=bfloat16) keeps them
+        w.data = w.data.to(torch.bfloat16)
+    sender = Agent(model, tokenizer, "qwen2")
+    receiver = Agent(models["gemma3"], tokenizer, "gemma3")  # float32
+    proto = CacheBackX(delivery="translated", translator=dense, **SMALL)
+    part = proto.send_one(sender, DOCS[0], QUESTION, 0).part
+    assert part.dtype == torch.bfloat16  # translated in float32, sent in the reader's dtype
+    message = proto.receive(receiver, QUESTION, [part, part])
+    assert message.dtype == torch.float32 and len(message) == 2 * len(part)
+    out = proto.run([sender], DOCS[:1], receiver, QUESTION)
+    assert out.details["kv_bytes"] == part.nbytes and out.receiver_context > len(part)
+    assert next(dense.parameters()).dtype == torch.float32  # the caller's translator is left as it was
+
+
+def test_the_callers_translator_is_never_moved(dense):
+    proto = CacheBackX(delivery="translated", translator=dense, **SMALL)
+    assert proto.translator_for("cpu") is dense
+    elsewhere = proto.translator_for("meta")
+    assert elsewhere is not dense and next(elsewhere.parameters()).device.type == "meta"
+    assert next(dense.parameters()).device.type == "cpu" and proto.translator_for("cpu") is dense
+
+
+def test_a_message_of_the_other_delivery_is_refused(agent_for, dense):
+    sender, receiver = agent_for("qwen2"), agent_for("gemma3")
+    translated = CacheBackX(delivery="translated", translator=dense, **SMALL)
+    spans = CacheBackX(**SMALL)
+    kv = translated.send_one(sender, DOCS[0], QUESTION, 0).part
+    text = spans.send_one(sender, DOCS[0], QUESTION, 0).part
+    with pytest.raises(ConfigError, match="delivery 'translated' receives KVState messages, got Spans"):
+        translated.receive(receiver, QUESTION, [kv, text])
+    with pytest.raises(ConfigError, match="delivery 'spans' receives Spans messages, got KVState"):
+        spans.receive(receiver, QUESTION, [kv])
 
 
 def test_residual_translators_are_refused(agent_for, tmp_path):
@@ -111,7 +152,11 @@ def test_translated_rows_that_overflow_the_receiver_are_refused_naming_both(agen
     with pytest.raises(MessageOverflowError) as e:
         CacheBackX(delivery="translated", translator=dense, **SMALL).run([sender, sender], DOCS, receiver, QUESTION)
     assert "qwen2" in str(e.value) and "gemma3" in str(e.value) and "translated_rows=" in str(e.value)
-    assert receiver.calls == []
+    assert sender.calls == receiver.calls == []  # the bound on the message is checked before any sender reads
+    proto = CacheBackX(delivery="translated", translator=dense, **SMALL)
+    (prompt,) = proto.check_senders([sender], DOCS[:1], QUESTION)
+    (sent,) = proto.send([sender], DOCS[:1], QUESTION)[3]
+    assert sent["sent"] <= min(-(-(prompt + 2) // 4), prompt - 1) + 1 + 2  # the bound holds the real message
     part = CacheBackX(delivery="translated", translator=dense, **SMALL).send_one(sender, DOCS[0], QUESTION, 0).part
     with pytest.raises(GeometryMismatchError):  # a state in another geometry than the receiver's
         receiver_state(agent_for("llama"), QUESTION, [part])
@@ -150,3 +195,32 @@ def test_transport_refuses_a_translator_of_another_pair_before_any_sender_reads(
             run_protocol(t, CacheBackX(delivery="translated", translator=dense, **SMALL), ["s0", "s1"], list(DOCS),
                          "r", QUESTION)
     assert [a.calls for a in senders] == [[], []]
+
+
+def test_transport_refuses_an_overflowing_translated_message_before_any_sender_reads(models, tokenizer, dense):
+    from latentwire.agent import Agent
+    from latentwire.transport import AgentSpec, InProcessTransport, run_protocol
+
+    senders = [Agent(models["qwen2"], tokenizer, "qwen2") for _ in range(2)]
+    with InProcessTransport() as t:
+        for i, agent in enumerate(senders):
+            t.add(f"s{i}", AgentSpec.factory(lambda a=agent: a))
+        t.add("r", AgentSpec.factory(lambda: Agent(models["gemma3"], tokenizer, "gemma3", context_window=40)))
+        with pytest.raises(MessageOverflowError, match="sender qwen2 to receiver gemma3"):
+            run_protocol(t, CacheBackX(delivery="translated", translator=dense, **SMALL), ["s0", "s1"], list(DOCS),
+                         "r", QUESTION)
+    assert [a.calls for a in senders] == [[], []]
+
+
+def test_nodes_key_protocols_by_their_translators_content(dense, models, tokenizer):
+    import pickle
+
+    from latentwire.transport.base import Node
+
+    node = Node("n", None)
+    spec = dict(SMALL, delivery="translated", translator=dense)
+    first = node.protocol("cacheback_x", spec)
+    copy = pickle.loads(pickle.dumps(dense))  # what a Ray node receives with every step
+    assert node.protocol("cacheback_x", dict(spec, translator=copy)) is first
+    other = build("dense", dense.sharer, dense.receiver, seed=4, rank=2)  # same repr, other weights
+    assert repr(other) == repr(dense) and node.protocol("cacheback_x", dict(spec, translator=other)) is not first

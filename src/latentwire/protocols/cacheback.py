@@ -40,7 +40,7 @@ _FUNCTION_WORDS = frozenset(
 class Sent:
     """One CacheBack sender's contribution: its message (`CacheBack.pack`), its seconds (read + selection),
     the document spans of its selected rows, its timing record and the positions of the rows it selected."""
-    part: object  # Rows for CacheBack, Spans for CacheBackX
+    part: object  # Rows for CacheBack; Spans, or a translated KVState, for CacheBackX
     seconds: float
     kept: tuple
     timing: dict

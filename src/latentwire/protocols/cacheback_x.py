@@ -21,8 +21,12 @@ embeddings, other vocabulary), so the selection travels by `delivery`:
                     attends to as a full-KV prefix (`Agent.answer(question, message=state)`), never re-prefills.
                     Dense alignment maps each row on its own, so translating the selection equals selecting
                     from the translated state (test). XKV, LCF-X and C2C write residuals into the receiver's
-                    own cache of the same text, which this receiver never reads: refused. The translator must
-                    be trained context-unaware (the receiver reads nothing else), or be untrained.
+                    own cache of the same text, which this receiver never reads: refused. Neither trained
+                    mode matches this use (training saw a sender's whole query-aware prompt, contiguous and
+                    without latent rows, followed by the receiver's own read of its document; here a sparse
+                    query-blind selection with latent rows is followed by the question alone, the translated
+                    first row standing in for the receiver's own first row); context-unaware is the nearer one,
+                    so a translator trained context-aware is refused (ContextModeError).
 
 The receiver builds one `Rows` in its own space (`receiver_rows`): per sender, in sender order, the
 spans' text as its own tokenizer splits it, then that sender's mapped latent rows; senders separated by
@@ -33,13 +37,15 @@ models) before the receiver computes anything.
 
 Bytes: each message's UTF-8 text plus its latent rows (`Spans.nbytes`); on the wire a `Spans` is the
 "spans" / "spans_latent" encoding (wire/format.py, version 2). "translated": the K/V bytes of the
-translated states (`KVState.nbytes`), the "kv" encoding in the receiver's geometry; the translator's
-time counts in the sender's seconds (inside `select_s`). The receiver's map and embedding time
+translated states (`KVState.nbytes`), the "kv" encoding in the receiver's geometry, whose wire bytes also carry
+one zero input-embedding row per translated row (rows with no token; +15% on a Qwen2.5-0.5B receiver); the
+translator's forward counts in the sender's seconds (inside `select_s`; loading it does not). The receiver's map and embedding time
 counts in its seconds. `kept_spans` are the spans sent, per sender, so evidence recall is measured as
 for CacheBack.
 """
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,12 +56,13 @@ import torch
 from ..agent import KV_PROMPT, MESSAGE_PROMPT, Agent
 from ..errors import ConfigError, ContextOverflowError, UnknownNameError
 from ..message import SEPARATOR, Rows, Spans, merge_spans
+from ..select import fanin_budget
 from ..state import KVState
 from ..translate import load as load_translator
 from ..translate.base import Translator, cast, read_header
 from ..translate.latent_map import LatentMap
 from .base import Outcome, register
-from .cacheback import CacheBack
+from .cacheback import CacheBack, Sent
 
 DELIVERIES = ("spans", "spans+latent", "translated")
 ROW_TRANSLATORS = ("dense",)  # translators that map rows on their own (needs_receiver=False)
@@ -95,8 +102,8 @@ class CacheBackX(CacheBack):
         if self.delivery not in DELIVERIES:
             raise UnknownNameError("delivery", self.delivery, DELIVERIES)
         if self.encoding != "rows":
-            raise ValueError("cacheback_x sends Spans (wire encoding 'spans' or 'spans_latent', by delivery): "
-                             "leave `encoding` at its default")
+            raise ValueError("cacheback_x sends Spans (wire encoding 'spans' or 'spans_latent') or translated K/V "
+                             "('kv'), by delivery: leave `encoding` at its default")
         if (self.delivery == "spans+latent") != (self.latent_map is not None):
             raise ValueError("delivery 'spans+latent' needs latent_map= (a folder written by LatentMap.save, or a "
                              "LatentMap) and 'spans' takes none")
@@ -116,7 +123,12 @@ class CacheBackX(CacheBack):
                                   f"({', '.join(ROW_TRANSLATORS)}); {method!r} writes residuals into the receiver's "
                                   "own cache of the same text, which a cacheback_x receiver never reads")
         self._maps: dict[str, LatentMap] = {}  # receiver device -> the map there
-        self._translators: dict[str, Translator] = {}  # sender device -> the translator there
+        self._translators: dict[str, Translator] = {}  # "" -> as given; sender device -> the translator there
+
+    def __getstate__(self):  # pickled to nodes without its loaded maps and translators (each node loads its own)
+        state = super().__getstate__()
+        state["_maps"], state["_translators"] = {}, {}
+        return state
 
     def map_for(self, receiver: Agent) -> LatentMap:
         """The latent map on the receiver's device, loaded once; its latent mode must be this protocol's."""
@@ -129,15 +141,28 @@ class CacheBackX(CacheBack):
             self._maps[key] = m.to(receiver.device)
         return self._maps[key]
 
+    def reference_translator(self) -> Translator:
+        """The translator as given (or loaded from its folder once, on the host): what pair checks read. Never moved."""
+        if "" not in self._translators:
+            t = self.translator if isinstance(self.translator, Translator) else load_translator(self.translator)
+            t.check_mode(False)  # ContextModeError if trained context-aware (see the module docstring)
+            self._translators[""] = t
+        return self._translators[""]
+
     def translator_for(self, device: torch.device | str) -> Translator:
-        """The dense translator on `device` (the sender's), loaded once, in eval mode, for context-unaware use."""
-        key = str(device)
+        """The translator on `device` (a sender's): the given one where it already is, otherwise a copy placed
+        there once (the caller's module is never moved). Dense alignment has no dropout or normalisation
+        statistics, so its training flag changes nothing."""
+        ref, key = self.reference_translator(), str(torch.device(device))
         if key not in self._translators:
-            t = self.translator if isinstance(self.translator, Translator) else None
-            t = load_translator(self.translator, device) if t is None else t.to(device).eval()
-            t.check_mode(False)  # ContextModeError if trained context-aware: this receiver reads nothing else
-            self._translators[key] = t
+            here = next(ref.parameters()).device == torch.device(device)
+            self._translators[key] = ref if here else copy.deepcopy(ref).to(device)
         return self._translators[key]
+
+    def send_one(self, sender: Agent, document: str, question: str, index: int) -> Sent:
+        if self.delivery == "translated":
+            self.translator_for(sender.device)  # loaded or placed before the read: not charged as selection
+        return super().send_one(sender, document, question, index)
 
     def pack(self, sender: Agent, state: KVState, rows: torch.Tensor, per_row: list, document: str,
              index: int) -> Spans | KVState:
@@ -156,10 +181,16 @@ class CacheBackX(CacheBack):
 
     def receive(self, receiver: Agent, question: str, parts: Sequence[Spans] | Sequence[KVState]) -> Rows | KVState:
         """The receiver's message from the senders' parts: Rows for Spans (`receiver_rows`, with this protocol's map
-        if it has one); for translated states their concatenation (`receiver_state`)."""
+        if it has one); for translated states their concatenation (`receiver_state`). A part of the other kind
+        (a KV state for a spans delivery, or Spans for "translated") is refused (ConfigError)."""
+        want = KVState if self.delivery == "translated" else Spans
+        wrong = sorted({type(m).__name__ for m in parts if not isinstance(m, want)})
+        if wrong:
+            raise ConfigError(f"cacheback_x with delivery {self.delivery!r} receives {want.__name__} messages, got "
+                              f"{', '.join(wrong)}: the senders ran another delivery")
         if self.delivery == "translated":
             return receiver_state(receiver, question, parts, self.max_new_tokens,
-                                  [self.translator_for(receiver.device).sharer.model])
+                                  [self.reference_translator().sharer.model])
         latent_map = self.map_for(receiver) if self.delivery == "spans+latent" else None
         return receiver_rows(receiver, question, parts, latent_map, self.max_new_tokens)
 
@@ -172,13 +203,29 @@ class CacheBackX(CacheBack):
             for sender in senders:
                 latent_map.check(sender, receiver)
         if self.delivery == "translated":
-            translator = self.translator_for(receiver.device)
+            translator = self.reference_translator()
             for sender in senders:
                 translator.check_pair(getattr(sender, "geometry", sender), receiver.geometry)
 
+    def check_translated_window(self, senders: Sequence[str], prompts: Sequence[int], receiver: Agent,
+                                question: str) -> None:
+        """MessageOverflowError, before any sender reads, unless the largest translated message the budgets allow
+        fits the receiver with its continuation prompt and answer: per sender (prompt length P) min(B, P - 1)
+        document rows + its first row + G latent rows, B = ceil((P + G) / ratio). `senders`: their model names."""
+        rows = sum(min(fanin_budget(P + self.latent_steps, self.ratio), P - 1) + 1 + self.latent_steps
+                   for P in prompts)
+        ids = receiver.tokenizer(receiver.continuation_text(KV_PROMPT.format(question=question)),
+                                 add_special_tokens=False)["input_ids"]
+        parts = {"translated_rows": rows, "prompt": len(ids), "max_new_tokens": self.max_new_tokens}
+        if sum(parts.values()) > receiver.context_window:
+            raise MessageOverflowError(sum(parts.values()), receiver.context_window, parts,
+                                       sorted(set(senders)), receiver.model_name)
+
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
         self.check_map(senders, receiver)  # refused before any sender reads
-        self.check_senders(senders, documents, question)  # every sender's read fits its window, before any reads
+        prompts = self.check_senders(senders, documents, question)  # each sender's read fits its window
+        if self.delivery == "translated":  # and the largest translated message fits the receiver's
+            self.check_translated_window([s.model_name for s in senders], prompts, receiver, question)
         messages, seconds, kept, timing = self.send(senders, documents, question)
         t0 = time.perf_counter()
         message = self.receive(receiver, question, messages)

@@ -162,9 +162,7 @@ class Node:
         """The protocol object for (name, params), built once per node."""
         from ..protocols import get_protocol
 
-        # objects (a LatentMap, a Translator) by identity: their repr does not show their weights
-        key = (name, repr(sorted((k, v if isinstance(v, (str, int, float, bool, type(None), dict, list, tuple, Path))
-                                  else f"<{type(v).__name__} {id(v)}>") for k, v in params.items())))
+        key = (name, repr(sorted((k, _param_key(v)) for k, v in params.items())))
         if key not in self._protocols:
             self._protocols[key] = get_protocol(name, **params)
         return self._protocols[key]
@@ -304,3 +302,46 @@ def key_id(public_key: bytes | str | None) -> str | None:
         return None
     raw = bytes.fromhex(public_key) if isinstance(public_key, str) else public_key
     return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def _param_key(value):
+    """A protocol parameter as a cache key: plain values as they are; objects (a LatentMap, a Translator) by a
+    SHA-256 of their content (tensors by dtype, shape and bytes), since their repr does not show their weights
+    and a node receives a fresh copy of them with every step (Ray unpickles each call's arguments)."""
+    if isinstance(value, (str, int, float, bool, type(None), Path)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return tuple(_param_key(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _param_key(v)) for k, v in value.items()))
+    h = hashlib.sha256()
+    _content(value, h, set())
+    return f"<{type(value).__name__} {h.hexdigest()}>"
+
+
+def _content(x, h, seen: set) -> None:
+    """Feed `x`'s content to the hash `h`: tensors by dtype, shape and bytes, containers and objects recursively."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        t = x.detach().cpu().contiguous()
+        h.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    elif isinstance(x, (str, int, float, bool, type(None), Path, torch.dtype, torch.device)):
+        h.update(repr(x).encode())
+    elif id(x) in seen:
+        h.update(b"<seen>")
+    else:
+        seen.add(id(x))
+        if isinstance(x, dict):
+            h.update(b"{")
+            for k in sorted(x, key=repr):
+                h.update(repr(k).encode())
+                _content(x[k], h, seen)
+        elif isinstance(x, (list, tuple, set, frozenset)):
+            h.update(type(x).__name__.encode())
+            for v in (sorted(x, key=repr) if isinstance(x, (set, frozenset)) else x):
+                _content(v, h, seen)
+        else:
+            h.update(type(x).__qualname__.encode())
+            _content(getattr(x, "__dict__", None) or repr(x), h, seen)

@@ -49,7 +49,8 @@ def _answer_info(reply) -> dict:
 # -- steps (run where the node lives; module-level so Ray pickles them by reference) ----------------
 def cacheback_send(node, spec, document: str, question: str, index: int = 0):
     """A CacheBack sender (cacheback, cacheback_x): read (prefill + latent steps), score against the query, send
-    what the protocol sends for the best rows (`CacheBack.send_one`: rows, or document spans across models)."""
+    what the protocol sends for the best rows (`CacheBack.send_one`: rows; across models document spans, or K/V
+    translated into the receiver's geometry)."""
     from ..message import Spans
     from ..select import fanin_budget
     from ..state import KVState
@@ -106,15 +107,21 @@ def fanin_answer(node, spec, question: str, *packed):
     return out
 
 
-def agent_geometry(node):
-    """The Geometry of the agent a node holds (model, tokenizer, sizes): what a latent map is checked against."""
-    return node.agent.geometry
+def reader_plan(node, spec, document: str, question: str) -> dict:
+    """On a reader's node, before it reads: its Geometry (what a latent map or translator is checked against),
+    its model name and the length of the prompt it will read (what bounds its translated message)."""
+    agent = node.agent
+    (prompt,) = node.protocol(*spec).check_senders([agent], [document], question)
+    return {"geometry": agent.geometry, "model": agent.model_name, "prompt": prompt}
 
 
-def check_latent_map(node, spec, geometries) -> None:
-    """On the receiver's node, before any sender reads: the protocol's latent map (or translator) fits every sender
-    and it."""
-    node.protocol(*spec).check_map(geometries, node.agent)
+def check_readers(node, spec, plans: list[dict], question: str) -> None:
+    """On the receiver's node, before any reader reads: the protocol's latent map or translator fits every reader
+    and it, and ("translated") the largest message the readers' budgets allow fits its window."""
+    p = node.protocol(*spec)
+    p.check_map([x["geometry"] for x in plans], node.agent)
+    if p.delivery == "translated":
+        p.check_translated_window([x["model"] for x in plans], [x["prompt"] for x in plans], node.agent, question)
 
 
 def fullkv_send(node, spec, document: str, question: str):
@@ -213,7 +220,7 @@ def run_protocol(transport: Transport, protocol: Protocol | tuple[str, dict], se
         out = _run_chain(transport, spec, senders, documents, receiver, question, after_dispatch)
     elif isinstance(protocol, (CacheBack, FullKV)):
         if isinstance(protocol, CacheBackX) and protocol.delivery in ("spans+latent", "translated"):
-            _check_map_first(transport, spec, senders, receiver, on_lost)
+            _check_readers_first(transport, spec, senders, documents, receiver, question, on_lost)
         kind = "merge" if isinstance(protocol, Merge) else "cacheback" if isinstance(protocol, CacheBack) else "fullkv"
         send, answer = {"cacheback": (cacheback_send, fanin_answer), "merge": (merge_think, merge_judge),
                         "fullkv": (fullkv_send, fanin_answer)}[kind]
@@ -227,25 +234,25 @@ def run_protocol(transport: Transport, protocol: Protocol | tuple[str, dict], se
     return out
 
 
-def _check_map_first(t: Transport, spec, senders, receiver, on_lost) -> None:
-    """A latent map of another pair is refused before any sender reads: every sender's geometry (asked of all
-    at once; a lost sender is left out under on_lost="skip", as the fan-in will leave it out), checked where
-    the map lives, on the receiver."""
+def _check_readers_first(t: Transport, spec, senders, documents, receiver, question, on_lost) -> None:
+    """A latent map or translator of another pair, or a translated message too long for the receiver, is refused
+    before any reader reads: every reader's plan (`reader_plan`, asked of all at once; a lost reader is left out
+    under on_lost="skip", as the fan-in will leave it out), checked on the receiver, where the map lives."""
     handles = []
-    for s in senders:
+    for s, d in zip(senders, documents):
         try:
-            handles.append(t.submit(s, agent_geometry))
+            handles.append(t.submit(s, reader_plan, spec, d, question))
         except NodeLostError:
             if on_lost == "raise":
                 raise
-    geometries = []
+    plans = []
     for h in handles:
         try:
-            geometries.append(t.get(h))
+            plans.append(t.get(h))
         except NodeLostError:
             if on_lost == "raise":
                 raise
-    t.run(receiver, check_latent_map, spec, geometries)
+    t.run(receiver, check_readers, spec, plans, question)
 
 
 def _run_fanin(t: Transport, spec, kind, send, answer, senders, documents, receiver, question, on_lost, after_dispatch):
