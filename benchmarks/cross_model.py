@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -161,7 +162,7 @@ def report(folder: Path, pairs, ratios, cmds: list[str]) -> str:
     for lab in labels:
         rs = [r for r in records if r["protocol"] == lab]
         ok = [r for r in rs if r.get("error") is None]
-        med = lambda xs: sorted(xs)[len(xs) // 2] if xs else float("nan")  # noqa: E731
+        med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
         rec = [r["evidence_recall"] for r in ok if r.get("evidence_recall") is not None]
         lines.append(f"| `{lab}` | {len(rs)} | {len(rs) - len(ok)} | "
                      f"{sum(r['accuracy'] for r in rs) / len(rs):.2f} | "
@@ -169,7 +170,8 @@ def report(folder: Path, pairs, ratios, cmds: list[str]) -> str:
                      f"{med([r['message_bytes'] for r in ok if r['message_bytes'] is not None]):,.0f} | "
                      f"{med([r['tteoa'] for r in ok]):.2f} | "
                      f"{med([max(r['sender_seconds'], default=0.0) for r in ok]):.2f} |")
-    lines += ["", "Paired verdicts (accuracy a − b, 95% paired bootstrap CI, exact McNemar p; median TTEOA a ÷ b):", ""]
+    lines += ["", "Paired verdicts (accuracy a − b, 95% paired bootstrap CI, exact McNemar p; median of the per-episode "
+              "TTEOA ratios a ÷ b). Accuracy above counts an episode that failed with a typed error as wrong.", ""]
     comparisons = [c for c in (compare(records, a, b) for a, b in verdict_pairs(pairs, ratios, set(labels))) if c]
     lines += verdict_table(comparisons)
     text = "\n".join(lines) + "\n"

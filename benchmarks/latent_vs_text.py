@@ -22,8 +22,8 @@ import sys
 from pathlib import Path
 
 from latentwire.bench.episode import write_episodes
-from latentwire.bench.report import (VERDICT_HEADER, compare, holm_note, mixed_note, read_run, verdict, with_holm,
-                                     write_report)
+from latentwire.bench.report import (PAIRING_NOTE, VERDICT_HEADER, compare, default_pairs, mixed_note, read_run,
+                                     verdict, with_holm, write_report)
 from latentwire.bench.runner import RunConfig, run
 from latentwire.bench.tasks import code, facts
 
@@ -109,8 +109,16 @@ def main() -> None:
         log_command(folder, cmd)  # before the run: an interrupted run resumes with it
         run(RunConfig(os.path.relpath(task), ",".join(PROTOCOLS[args.protocols]), args.model, dtype=args.dtype),
             folder)
-        write_report(folder)
+        write_report(folder, cell_pairs(read_run(folder)[0]["config"]["protocols"]))
     write_index(args.out)
+
+
+def cell_pairs(protocols: dict[str, dict]) -> list[tuple[str, str]]:
+    """A cell's verdicts, its Holm family: the report's default pairs, then the HEADLINE rows not among them
+    (those whose protocols the cell ran). The cell's report and the index adjust over this same family, so a
+    comparison has one Holm p wherever it is quoted, whatever other cells exist."""
+    pairs = default_pairs(protocols)
+    return pairs + [h for h in HEADLINE if h not in pairs and h[0] in protocols and h[1] in protocols]
 
 
 def commands(folder: Path) -> list[str]:
@@ -147,18 +155,21 @@ def write_index(out: Path) -> None:
         complete = sum(all((e, p) in done for p in config["config"]["protocols"]) for e in planned)
         if complete < len(planned):
             progress.append(f"- {cell}: {complete} of {len(planned)} episodes complete (the command resumes)")
+        ran = [(pair, c) for pair in cell_pairs(config["config"]["protocols"]) if (c := compare(records, *pair))]
+        family = dict(zip([pair for pair, _ in ran], with_holm([c for _, c in ran])))  # as the cell's report
         for a, b in HEADLINE:
-            c = compare(records, a, b)
-            if c:
-                rows.append((cell, c, config["config"]["dtype"], "`, then `".join(commands(folder))))
+            if (a, b) in family:
+                rows.append((cell, family[(a, b)], config["config"]["dtype"], "`, then `".join(commands(folder))))
     lines = ["# Latent vs text: paired verdicts per cell", "",
-             "Accuracy difference a − b with its 95% paired bootstrap CI, exact McNemar p, median TTEOA "
-             "ratio a ÷ b with its 95% bootstrap CI. Each cell's folder holds its episodes, config, "
-             "records, full report, plots and the command that ran it.", "",
+             "Accuracy difference a − b with its 95% paired bootstrap CI, exact McNemar p, median of the "
+             "per-episode TTEOA ratios a ÷ b with its 95% bootstrap CI. Each cell's folder holds its episodes, "
+             "config, records, full report, plots and the command that ran it.", "",
              "| cell " + VERDICT_HEADER[0], "|---" + VERDICT_HEADER[1]]
-    comparisons = with_holm([c for _, c, _, _ in rows])  # the family: every verdict of this table
+    comparisons = [c for _, c, _, _ in rows]
     lines += [f"| {cell} " + verdict(c) for cell, c, _, _ in rows]
-    lines += ["", holm_note(len(comparisons))] + mixed_note(comparisons)
+    lines += ["", "Holm p: the McNemar p adjusted over the verdicts of the cell's own report (its family; the "
+              "same Holm p is quoted there), so that \"Holm p ≤ 0.05\" keeps the chance of any false difference "
+              "in that cell at most 5%.", "", PAIRING_NOTE] + mixed_note(comparisons)
     lines += ["", "Commands:", ""] + sorted({f"- {cell.rsplit('_', 1)[0]} ({dtype}): `{cmd}`"
                                              for cell, _, dtype, cmd in rows})
     lines += ["", "In progress:", ""] + progress if progress else []

@@ -198,6 +198,30 @@ def test_verdict_flags_times_paired_across_runs():
     assert compare(legacy[:3] + same[3:], "a", "b")["tteoa_mixed"] == 1
 
 
+def test_errors_count_as_wrong_and_leave_the_time_ratio_which_says_so():
+    from latentwire.bench.report import PAIRING_NOTE, compare, verdict, verdict_table
+
+    recs = [{"episode": f"e{i}", "protocol": p, "accuracy": 1.0, "tteoa": 2.0 if p == "a" else 1.0}
+            for i in range(4) for p in ("a", "b")]
+    recs[0] |= {"accuracy": 0.0, "tteoa": None, "error": "ContextOverflowError: ..."}  # a fails on e0
+    recs = [r for r in recs if (r["episode"], r["protocol"]) != ("e3", "b")]  # b never ran e3
+    c = compare(recs, "a", "b")
+    assert (c["n"], c["n_timed"], c["acc_a"], c["acc_b"]) == (3, 2, 2 / 3, 1.0)
+    assert verdict(c).endswith("×2.00 [2.00, 2.00] (n = 2) |")
+    assert PAIRING_NOTE in verdict_table([c]) and "typed error counts as a wrong" in PAIRING_NOTE
+    full = compare([r for r in recs if r["episode"] != "e0"], "a", "b")
+    assert "(n = " not in verdict(full)  # every paired episode timed: nothing to say
+    with pytest.raises(LatentWireError, match="two records of protocol 'a' on episode 'e1'"):
+        compare(recs + [recs[2]], "a", "b")
+
+
+def test_an_alias_that_normalises_to_nothing_never_scores():
+    for prediction in ("", '""', "the"):
+        s = answer_scores(prediction, ['""', "the"])
+        assert s == {"em": 0.0, "f1": 0.0, "accuracy": 0.0, "strict": 0.0}, prediction
+    assert answer_scores("It is 7341", ['""', "7341"])["accuracy"] == 1.0  # the other aliases still count
+
+
 def test_stratified_bootstrap():
     from latentwire.bench.metrics import stratified_bootstrap_ci
 

@@ -38,3 +38,37 @@ def test_command_log_keeps_every_command_once_in_order(monkeypatch, tmp_path):
         log_command(tmp_path, cmd)
     assert commands(tmp_path) == [core, grid]
     assert (tmp_path / "command.txt").read_text() == f"{core}\n{grid}\n"
+
+
+def test_cell_report_and_index_quote_one_holm_p(monkeypatch, tmp_path):
+    """The index adjusts each cell's headline rows over the cell's own report family, so the two agree."""
+    import json
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import latent_vs_text as L
+    from latentwire.bench.report import compare, with_holm
+
+    protocols = {"text": {"name": "text", "params": {}}, "fullcontext": {"name": "fullcontext", "params": {}},
+                 "text(ratio=8)": {"name": "text", "params": {"ratio": 8}},
+                 "fullkv(latent_steps=8, query_aware=False)": {"name": "fullkv", "params": {}},
+                 "fullkv(latent_steps=8, query_aware=True)": {"name": "fullkv", "params": {"query_aware": True}},
+                 "cacheback(ratio=8, latent_steps=8)": {"name": "cacheback", "params": {"ratio": 8}},
+                 "cacheback(ratio=8, latent_steps=0)": {"name": "cacheback", "params": {"ratio": 8}}}
+    pairs = L.cell_pairs(protocols)
+    assert len(pairs) == len(set(pairs)) and ("cacheback(ratio=8, latent_steps=8)", "text(ratio=8)") in pairs
+    assert ("fullkv(latent_steps=8, query_aware=False)", "fullkv(latent_steps=8, query_aware=True)") in pairs
+    records = [{"episode": f"e{i}", "protocol": p, "accuracy": float((i * 7 + j * 3) % 5 < 2), "tteoa": 1.0 + j,
+                "sender_seconds": [0.5]}
+               for i in range(30) for j, p in enumerate(protocols)]
+    for cell in ("one_cell", "two_cell"):  # a second cell must not change the first's Holm p
+        folder = tmp_path / cell
+        folder.mkdir()
+        (folder / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        (folder / "config.json").write_text(json.dumps({"config": {"protocols": protocols, "dtype": "bfloat16"},
+                                                        "episodes": [f"e{i}" for i in range(30)]}))
+    family = with_holm([compare(records, a, b) for a, b in pairs])
+    want = {(c["a"], c["b"]): c["p_holm"] for c in family}
+    L.write_index(tmp_path)
+    got = json.loads((tmp_path / "verdicts.json").read_text())
+    assert got and all(v["p_holm"] == want[(v["a"], v["b"])] for v in got)
+    assert len(got) == 2 * sum((a, b) in want for a, b in L.HEADLINE)

@@ -23,22 +23,23 @@ def normalize(text: str) -> str:
 
 
 def exact_match(prediction: str, aliases: Sequence[str]) -> float:
+    """1.0 if the normalised prediction equals a normalised alias. An alias that normalises to nothing (only
+    punctuation or articles) cannot be matched, as in `contains`: an empty answer never scores."""
     p = normalize(prediction)
-    return float(any(p == normalize(a) for a in aliases))
+    return float(any(normalize(a) and p == normalize(a) for a in aliases))
 
 
 def f1(prediction: str, aliases: Sequence[str]) -> float:
+    """Best token F1 over the aliases (an alias that normalises to nothing scores 0, as in `exact_match`)."""
     def one(gold: str) -> float:
         pt, gt = normalize(prediction).split(), normalize(gold).split()
         common = sum((Counter(pt) & Counter(gt)).values())
-        if not pt or not gt:
-            return float(pt == gt)
-        if common == 0:
+        if not pt or not gt or common == 0:
             return 0.0
         precision, recall = common / len(pt), common / len(gt)
         return 2 * precision * recall / (precision + recall)
 
-    return max(one(a) for a in aliases)
+    return max((one(a) for a in aliases), default=0.0)
 
 
 def contains(prediction: str, aliases: Sequence[str]) -> float:

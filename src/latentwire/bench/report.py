@@ -6,7 +6,7 @@ PNG plots: accuracy vs TTEOA with the Pareto front and both intervals, and evide
 Verdicts compare two protocols on the episodes both ran: the paired accuracy difference with a 95%
 paired bootstrap CI (episodes resampled with both scores together), the exact McNemar p-value on
 "answered correctly" (accuracy = 1), and the median over episodes of the TTEOA ratio with a bootstrap
-CI. Without `--compare`, every latent protocol is compared with text at the same compression ratio
+CI. A typed error counts as a wrong answer and leaves its episode out of the ratio. Without `--compare`, every latent protocol is compared with text at the same compression ratio
 (the natural report when no text run has that ratio), with full KV and with full context.
 """
 from __future__ import annotations
@@ -83,9 +83,10 @@ def default_pairs(protocols: dict[str, dict]) -> list[tuple[str, str]]:
 
 
 def compare(records: list[dict], a: str, b: str) -> dict | None:
-    """Paired statistics of protocol a against b on the episodes both ran (None when they share none)."""
-    ra = {r["episode"]: r for r in records if r["protocol"] == a}
-    rb = {r["episode"]: r for r in records if r["protocol"] == b}
+    """Paired statistics of protocol a against b on the episodes both ran (None when they share none). A typed
+    error counts as a wrong answer (accuracy 0) and leaves its episode out of the TTEOA ratio (`n_timed`).
+    LatentWireError if a protocol has two records of one episode (pairing would silently keep one)."""
+    ra, rb = _by_episode(records, a), _by_episode(records, b)
     eps = sorted(set(ra) & set(rb))
     if not eps:
         return None
@@ -101,13 +102,29 @@ def compare(records: list[dict], a: str, b: str) -> dict | None:
             if timed else None, "n_timed": len(timed), "tteoa_mixed": mixed}
 
 
-VERDICT_HEADER = ["| a vs b | n | accuracy a vs b | difference | McNemar p | Holm p | TTEOA a ÷ b |",
+def _by_episode(records: list[dict], protocol: str) -> dict[str, dict]:
+    out = {}
+    for r in records:
+        if r["protocol"] == protocol:
+            if r["episode"] in out:
+                raise LatentWireError(f"two records of protocol {protocol!r} on episode {r['episode']!r}: "
+                                      "remove the duplicate before pairing")
+            out[r["episode"]] = r
+    return out
+
+
+VERDICT_HEADER = ["| a vs b | n | accuracy a vs b | difference | McNemar p | Holm p | median TTEOA ratio a ÷ b |",
                   "|---|---:|---|---|---:|---:|---|"]
 
 
 def holm_note(m: int) -> str:
     return (f"Holm p: the McNemar p adjusted over the {m} verdict{'s' * (m != 1)} of this table (Holm–Bonferroni), "
             "so that \"Holm p ≤ 0.05\" keeps the chance of any false difference among them at most 5%.")
+
+
+PAIRING_NOTE = ("Pairs: the episodes both protocols ran; an episode that failed with a typed error counts as a wrong "
+                "answer and is left out of the TTEOA ratio, which is the median of the per-episode ratios "
+                "(\"(n = k)\" where it covers fewer episodes than the row).")
 
 
 def with_holm(comparisons: list[dict]) -> list[dict]:
@@ -122,6 +139,7 @@ def verdict(c: dict) -> str:
     different runs is marked †; the Holm column is "—" until `with_holm` has set it."""
     d, lo, hi = (100 * x for x in c["diff"])
     t = "—" if c["tteoa_ratio"] is None else "×{:.2f} [{:.2f}, {:.2f}]".format(*c["tteoa_ratio"])
+    t += f" (n = {c['n_timed']})" if c["tteoa_ratio"] is not None and c.get("n_timed", c["n"]) < c["n"] else ""
     t += " †" if c.get("tteoa_mixed") else ""
     q = "—" if c.get("p_holm") is None else f"{c['p_holm']:.3g}"
     return (f"| `{c['a']}` vs `{c['b']}` | {c['n']} | {c['acc_a']:.2f} vs {c['acc_b']:.2f} | {d:+.0f} pp "
@@ -131,7 +149,7 @@ def verdict(c: dict) -> str:
 def verdict_table(comparisons: list[dict]) -> list[str]:
     """Header, one verdict row per comparison (Holm-adjusted over them) and the footnotes that apply."""
     rows = [verdict(c) for c in with_holm(comparisons)]
-    return VERDICT_HEADER + rows + ["", holm_note(len(comparisons))] + mixed_note(comparisons)
+    return VERDICT_HEADER + rows + ["", holm_note(len(comparisons)), "", PAIRING_NOTE] + mixed_note(comparisons)
 
 
 def mixed_note(comparisons: list[dict]) -> list[str]:
@@ -196,8 +214,8 @@ def write_report(run_dir: str | Path, pairs: list[tuple[str, str]] | None = None
                                (default_pairs(cfg["protocols"]) if pairs is None else pairs)) if c]
     if comparisons:
         lines += ["", "Verdicts (paired, on the episodes both protocols ran): accuracy difference a − b with its "
-                  "95% paired bootstrap CI, exact McNemar p on answered-correctly, median TTEOA ratio a ÷ b "
-                  "with its 95% bootstrap CI.", ""] + verdict_table(comparisons)
+                  "95% paired bootstrap CI, exact McNemar p on answered-correctly, median of the per-episode TTEOA "
+                  "ratios a ÷ b with its 95% bootstrap CI.", ""] + verdict_table(comparisons)
     errors = [r for r in records if r.get("error")]
     if errors:
         lines += ["", "Errors (first 5):", ""] + [f"- `{r['protocol']}` on `{r['episode']}`: {r['error'][:200]}"
