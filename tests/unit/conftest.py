@@ -139,3 +139,21 @@ def max_diff(a: KVState, b: KVState, what: str = "keys") -> float:
 @pytest.fixture(scope="session")
 def kv_diff():
     return max_diff
+
+
+@pytest.fixture
+def spy_decode(monkeypatch):
+    """Record what answer() hands to decoding: (start position, last hidden, cache keys per layer).
+    Tiny random models often greedily repeat one token whatever the context, so tokens alone prove little."""
+
+    def attach(agent):
+        seen, decode = [], agent._decode
+
+        def spy(cache, start, hidden, max_new_tokens, marks=None):
+            seen.append((start, hidden.clone(), [layer.keys[0].clone() for layer in cache.layers]))
+            return decode(cache, start, hidden, max_new_tokens, marks)
+
+        monkeypatch.setattr(agent, "_decode", spy)
+        return seen
+
+    return attach

@@ -154,24 +154,6 @@ def test_answer_prompt_tokens_agree_for_text_and_rows(agent):
     assert a.prompt_tokens == b.prompt_tokens
 
 
-@pytest.fixture
-def spy_decode(monkeypatch):
-    """Record what answer() hands to decoding: (start position, last hidden, cache keys per layer).
-    Tiny random models often greedily repeat one token whatever the context, so tokens alone prove little."""
-
-    def attach(agent):
-        seen, decode = [], agent._decode
-
-        def spy(cache, start, hidden, max_new_tokens, marks=None):
-            seen.append((start, hidden.clone(), [layer.keys[0].clone() for layer in cache.layers]))
-            return decode(cache, start, hidden, max_new_tokens, marks)
-
-        monkeypatch.setattr(agent, "_decode", spy)
-        return seen
-
-    return attach
-
-
 def test_answer_from_shifted_state_is_the_same(agent, spy_decode):
     state = make_message("kv", agent)
     seen = spy_decode(agent)

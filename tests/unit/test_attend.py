@@ -65,7 +65,7 @@ def test_attend_in_bf16_is_close_to_fp32(tokenizer):
     a32 = fp32.attend(fp32.prefill(DOC), QUERY).mean(dim=(0, 1, 2))  # (T,)
     a16 = bf16.attend(bf16.prefill(DOC), QUERY).mean(dim=(0, 1, 2))
     assert a16.dtype == torch.float32
-    assert float((a32 - a16).abs().max()) < 2e-2
+    assert float((a32 - a16).abs().max()) <= 0.05 * float(a32.max())  # relative to the largest weight (~3e-3)
     top = lambda a: set(a.topk(len(a) // 8).indices.tolist())  # noqa: E731
     assert len(top(a32) & top(a16)) >= 0.75 * len(top(a32))
 

@@ -123,3 +123,42 @@ def test_dynamic_rope_model_is_refused():
     model = tiny_model("llama", rope_parameters={"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0})
     with pytest.raises(UnsupportedRopeError, match="dynamic"):
         Geometry.from_model(model, "llama", "tok")
+
+
+# -- check_rotation: a rotation latentwire cannot reproduce is refused, never cached wrongly -----------
+def _modeling(model):
+    import sys
+
+    return sys.modules[type(model.model.layers[0].self_attn).__module__]
+
+
+def test_a_rotation_neither_pair_layout_reproduces_is_refused(monkeypatch):
+    model = tiny_model("llama")
+    original = _modeling(model).apply_rotary_pos_emb
+
+    def other(q, k, cos, sin, *a, **kw):  # rotates by the negated angle: not a RoPE rotate_keys can move
+        return original(q, k, cos, -sin, *a, **kw)
+
+    monkeypatch.setattr(_modeling(model), "apply_rotary_pos_emb", other)
+    with pytest.raises(UnsupportedRopeError, match="does not reproduce the model's own rotation.*max errors"):
+        rope_specs_from_model(model)
+    monkeypatch.setattr(_modeling(model), "apply_rotary_pos_emb", original)
+    assert specs(model)  # the real rotation passes
+
+
+def test_a_modeling_file_without_apply_rotary_pos_emb_is_refused(monkeypatch):
+    model = tiny_model("qwen2")
+    monkeypatch.delattr(_modeling(model), "apply_rotary_pos_emb")
+    with pytest.raises(UnsupportedRopeError, match="has no apply_rotary_pos_emb"):
+        Geometry.from_model(model, "qwen2", "tok")
+
+
+def test_a_rotation_that_fails_on_probe_keys_is_refused(monkeypatch):
+    model = tiny_model("llama")
+
+    def broken(q, k, cos, sin, *a, **kw):
+        raise RuntimeError("shape mismatch in a custom kernel")
+
+    monkeypatch.setattr(_modeling(model), "apply_rotary_pos_emb", broken)
+    with pytest.raises(UnsupportedRopeError, match="could not be applied to probe keys.*custom kernel"):
+        rope_specs_from_model(model)

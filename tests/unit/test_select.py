@@ -128,19 +128,24 @@ def test_attend_uses_global_layers_only_on_hybrid(finished):
     n_global = state.geometry.layer_types.count("global")
     assert attn.shape[0] == n_global and attn.shape[-1] == len(state)
     assert torch.all(attn.sum(-1) <= 1 + 1e-5)  # the query's own tokens take the rest
+    assert torch.all(attn.sum(-1) > 0.01)  # and the state's rows are read, not left at zero
 
 
-def test_cacheback_protocol_sends_within_budget(finished):
+def test_cacheback_protocol_sends_its_budget(finished, spy_decode):
     agent, _ = finished
     docs = ["The blue crate holds 58 bolts. " * 4, "Nothing to see here. " * 5]
+    seen = spy_decode(agent)
     out = get_protocol("cacheback", ratio=4, latent_steps=2, max_new_tokens=2).run([agent] * 2, docs, agent, "Bolts?")
-    for sender in out.details["senders"]:
-        assert sender["sent"] <= math.ceil(sender["rows"] / 4) + 1 + 2  # B + first row + latent rows
+    for sender in out.details["senders"]:  # B document rows exactly (the documents hold more), first row, latent rows
+        assert sender["sent"] == math.ceil(sender["rows"] / 4) + 1 + 2
+        assert sender["sent_document_rows"] == math.ceil(sender["rows"] / 4)
     assert out.message_bytes == out.details["message_rows"] * agent.geometry.hidden_size * 4
     assert all(0 <= a < b <= len(d) for spans, d in zip(out.kept_spans, docs) for a, b in spans)
     ids = get_protocol("cacheback", ratio=4, latent_steps=2, max_new_tokens=2, encoding="token_ids").run(
         [agent] * 2, docs, agent, "Bolts?")
     assert ids.answer == out.answer and ids.message_bytes < out.message_bytes
+    (s0, h0, k0), (s1, h1, k1) = seen  # token ids rebuilt by the receiver: the very rows, the same decode input
+    assert s0 == s1 and torch.equal(h0, h1) and all(torch.equal(x, y) for x, y in zip(k0, k1, strict=True))
 
 
 def test_follow_up_query_rescores_the_stored_state_without_rerunning_the_sender(finished):
@@ -154,6 +159,14 @@ def test_follow_up_query_rescores_the_stored_state_without_rerunning_the_sender(
     assert state.digest() == digest  # the stored state is untouched and can serve further queries
     assert torch.equal(first, proto.choose(agent, state, "How many bolts?"))
     assert len(first) == len(second)  # same budget; the rows may differ with the query
+    # each question is scored afresh on the stored state: the selection is the one its own scores give
+    from latentwire.select import always_kept, fanin_budget, select_rows
+
+    for q, rows in (("How many bolts?", first), ("How many nails?", second)):
+        want = select_rows(proto.scores(agent, state, q), fanin_budget(len(state), proto.ratio), always_kept(state),
+                           proto.span)
+        assert torch.equal(rows, want), q
+    assert not torch.equal(proto.scores(agent, state, "How many bolts?"), proto.scores(agent, state, "How many nails?"))
 
 
 @pytest.mark.parametrize("budget", ["relative", "fixed"])

@@ -41,8 +41,9 @@ def test_inside_a_block_a_read_is_computed_once_and_charged_its_measured_time(ag
     assert not read(agent, DOC, 2, "rescale").shared
 
 
-def test_protocols_share_a_read_and_report_it(agent_for):
+def test_protocols_share_a_read_and_report_it(agent_for, spy_decode):
     agent = agent_for("llama")
+    seen = spy_decode(agent)  # what each answer decodes from (tiny llama's tokens ignore the context)
     protocols = [get_protocol("fullkv", latent_steps=1, query_aware=False, max_new_tokens=1),
                  get_protocol("cacheback", ratio=4, latent_steps=1, max_new_tokens=1),
                  get_protocol("cacheback", ratio=8, latent_steps=1, max_new_tokens=1),
@@ -55,9 +56,14 @@ def test_protocols_share_a_read_and_report_it(agent_for):
     # every protocol is charged at least the one measured read
     read_s = outs[1].details["senders"][0]["read_s"]
     assert all(min(o.sender_seconds) >= read_s for o in outs)
-    # alone, each protocol gives the same answer as when sharing (states are values)
+    # alone, each protocol's receiver decodes from the same input as when sharing (states are values)
+    shared_inputs = list(seen)
     alone = [p.run([agent], [DOC], agent, Q) for p in protocols]
     assert [o.answer for o in alone] == [o.answer for o in outs]
+    assert len(seen) == 2 * len(protocols)
+    for (s0, h0, k0), (s1, h1, k1) in zip(shared_inputs, seen[len(protocols):], strict=True):
+        assert s0 == s1 and torch.equal(h0, h1) and all(torch.equal(x, y) for x, y in zip(k0, k1, strict=True))
+    assert not torch.equal(shared_inputs[0][1], shared_inputs[1][1])  # full KV and CacheBack differ: not vacuous
 
 
 def test_the_runner_reads_each_sender_once_per_episode(tmp_path):
@@ -107,8 +113,9 @@ def test_a_stopped_answer_serves_any_larger_cap():
 def test_reports_share_one_decode_inside_a_block(agent_for):
     from latentwire.protocols.reads import report
 
-    agent = agent_for("qwen2")
+    agent = agent_for("gemma3")  # tiny gemma3's tokens vary with the step (tiny qwen2 and llama repeat one token)
     alone = {cap: agent.answer(Q, max_new_tokens=cap) for cap in (3, 6)}
+    assert len(set(alone[6].token_ids)) > 1
     before = _answers(agent)
     with shared_reads():
         six = report(agent, Q, 6)
@@ -123,8 +130,8 @@ def test_reports_share_one_decode_inside_a_block(agent_for):
     assert not outside.shared and outside.answer.token_ids == alone[3].token_ids
 
 
-def test_text_protocols_at_two_budgets_share_their_reports(agent_for):
-    agent = agent_for("llama")
+def test_text_protocols_at_two_budgets_share_their_reports(agent_for, spy_decode):
+    agent = agent_for("gemma3")
     small, big = get_protocol("text", max_report_tokens=4, max_new_tokens=2), get_protocol("text", max_new_tokens=2)
     ref = small.run([agent], [DOC], agent, Q)
     with shared_reads():
@@ -132,3 +139,11 @@ def test_text_protocols_at_two_budgets_share_their_reports(agent_for):
         s = small.run([agent], [DOC], agent, Q)
     assert s.details["shared_reports"] == [True] and b.details["shared_reports"] == [False]
     assert (s.answer, s.details["reports"]) == (ref.answer, ref.details["reports"])
+    seen = spy_decode(agent)  # the receivers' inputs, not only their (short) answers
+    small.run([agent], [DOC], agent, Q)
+    with shared_reads():
+        big.run([agent], [DOC], agent, Q)
+        small.run([agent], [DOC], agent, Q)
+    # decodes: small alone (report, answer), big (report, answer), small in the block (answer: its report shared)
+    assert len(seen) == 5
+    assert torch.equal(seen[1][1], seen[4][1]) and seen[1][0] == seen[4][0]  # the same input to the same answer

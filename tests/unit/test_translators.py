@@ -135,7 +135,7 @@ def test_training_lowers_the_training_loss(method, tmp_path, agent_for):
     first = sum(x[2] for x in log["train"][:4]) / 4
     last = sum(x[2] for x in log["train"][-4:]) / 4
     assert last < first - 0.1, (first, last)
-    assert log["val"][-1][1] < log["val"][0][1] + 1e-6 or last < first
+    assert log["val"][-1][1] < log["val"][0][1], log["val"]  # and on the held-out pairs
 
 
 def test_resume_reproduces_an_uninterrupted_run(tmp_path, agent_for):

@@ -189,7 +189,7 @@ def test_ray_nodes_are_separate_processes(ray_t):
     assert len(set(ray_t.public_keys().values())) == 5
 
 
-@pytest.mark.parametrize("key", ["cacheback", "cacheback_token_ids", "merge", "chain", "cacheback_x"])
+@pytest.mark.parametrize("key", ["cacheback", "cacheback_token_ids", "fullkv", "merge", "chain", "cacheback_x"])
 def test_ray_matches_inprocess(ray_t, zero_copy, reference, key):
     protocol = _protocol(key)
     remote = run_protocol(ray_t, protocol, list(SENDERS), list(DOCS[:2]), RECEIVER, QUESTION)
