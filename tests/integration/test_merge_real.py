@@ -41,5 +41,7 @@ def test_canonical_is_order_free_on_real_state_bag_is_not(smollm2, thinkers, n):
     assert len(bag) > 1, "BagMerge gave one cache for every order"
     assert digests <= bag  # CanonicalMerge is BagMerge in one content-chosen order
 
-    answers = {smollm2.answer(question, message=s, max_new_tokens=4).token_ids for s in canonical}
-    assert len(answers) == 1, f"the judger answered {len(answers)} different ways over byte-identical caches"
+    # byte-identical caches give one answer: the first and the last arrival order (one render each suffices;
+    # answering all n! identical renders would only re-test determinism at n! times the cost)
+    answers = {smollm2.answer(question, message=s, max_new_tokens=4).token_ids for s in (canonical[0], canonical[-1])}
+    assert len(answers) == 1, "the judger answered two ways over byte-identical caches"

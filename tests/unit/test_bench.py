@@ -8,7 +8,7 @@ from latentwire.bench.episode import Episode, Span, load_episodes, span_token_po
 from latentwire.bench.metrics import answer_scores, bootstrap_ci, evidence_recall, normalize
 from latentwire.bench.report import pareto_front, write_report
 from latentwire.bench.runner import RunConfig, parse_protocols, run
-from latentwire.errors import LatentWireError, TaskFormatError
+from latentwire.errors import ConfigError, LatentWireError, TaskFormatError
 from latentwire.models import tiny_model, tiny_tokenizer
 
 
@@ -96,7 +96,7 @@ def test_runner_resumes_records_errors_and_reports(tiny_task, tmp_path):
     cfgd = json.loads((out / "config.json").read_text())
     assert cfgd["episodes"] == ["e0", "e1", "e2"] and "torch" in cfgd["environment"]
     # A different configuration in the same folder is refused.
-    with pytest.raises(LatentWireError):
+    with pytest.raises(ConfigError, match="holds a run with another task/model/n/seed"):
         run(RunConfig(str(tiny_task), "alone", "llama", seed=1), out, progress=False, agent=agent)
     report = write_report(out)
     assert "| `alone(max_new_tokens=2)` | 3 | 0 |" in report.read_text()
@@ -220,6 +220,18 @@ def test_an_alias_that_normalises_to_nothing_never_scores():
         s = answer_scores(prediction, ['""', "the"])
         assert s == {"em": 0.0, "f1": 0.0, "accuracy": 0.0, "strict": 0.0}, prediction
     assert answer_scores("It is 7341", ['""', "7341"])["accuracy"] == 1.0  # the other aliases still count
+
+
+def test_bootstrap_intervals_have_the_normal_width_on_a_large_sample():
+    """Not only lo ≤ mean ≤ hi: on 400 fair coin flips the 95% interval is ≈ ±1.96·√(p(1−p)/n) = ±0.049."""
+    from latentwire.bench.metrics import paired_bootstrap_diff
+
+    xs = [1.0, 0.0] * 200
+    m, lo, hi = bootstrap_ci(xs)
+    assert m == 0.5 and (hi - lo) == pytest.approx(2 * 1.96 * (0.25 / 400) ** 0.5, rel=0.15)
+    assert lo < 0.5 < hi and (0.5 - lo) == pytest.approx(hi - 0.5, rel=0.2)
+    d, dlo, dhi = paired_bootstrap_diff(xs, [0.0] * 400)  # b constant: the difference's spread is a's
+    assert d == 0.5 and (dhi - dlo) == pytest.approx(hi - lo, rel=0.05)
 
 
 def test_stratified_bootstrap():

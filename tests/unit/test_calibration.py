@@ -5,6 +5,7 @@ import torch
 from latentwire.errors import UnknownNameError
 from latentwire.protocols.cacheback import (GENERIC_QUESTION, CacheBack, calibrate, document_rows,
                                             masked_question)
+from latentwire.select import always_kept, fanin_budget, select_rows
 from latentwire.select.cacheback import cacheback_scores
 
 
@@ -71,6 +72,12 @@ def test_calibration_changes_the_selection_only_through_the_scores(agent_for):
     state = plain.read(agent, doc)
     a, b = plain.scores(agent, state, "How many bolts?"), masked.scores(agent, state, "How many bolts?")
     assert a.shape == b.shape == (len(state),) and bool(torch.isfinite(b).all()) and not torch.equal(a, b)
+    # masked = the plain scores over those of the masked question, floored (`calibrate`), nothing else
+    background = plain.scores(agent, state, masked_question("How many bolts?"))
+    assert torch.equal(b, calibrate(a, background, masked.calibration_floor))
+    _, eligible = document_rows(agent, doc, len(state))
+    want = select_rows(b, fanin_budget(len(state), 4), always_kept(state), masked.span, eligible)
+    assert torch.equal(masked.choose(agent, state, "How many bolts?", eligible), want)
 
 
 def test_bad_calibration_settings_are_typed_errors():

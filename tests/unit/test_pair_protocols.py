@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from latentwire import cli
 from latentwire.agent import Agent
@@ -91,14 +92,17 @@ def test_translated_runs_every_method(method, aware, pair, agent_for, ckpt):
         assert "align_ms" in d
 
 
-def test_untrained_xkv_answers_exactly_like_alone(pair, agent_for, ckpt):
+def test_untrained_xkv_answers_exactly_like_alone(pair, agent_for, ckpt, spy_decode):
     s, r = agent_for(SHARER), agent_for(RECEIVER)
     replies = _spy(r)
+    seen = spy_decode(r)  # the decode's input, bit for bit: tiny models' tokens barely depend on it
     args = (s, r, pair.sharer_doc, pair.receiver_doc, pair.question)
     alone = get_pair_protocol("alone", max_new_tokens=8).run(*args)
     xkv = get_pair_protocol("translated", checkpoint=ckpt("xkv"), max_new_tokens=8).run(*args)
     assert len(replies) == 2 and replies[0].token_ids == replies[1].token_ids and len(replies[0].token_ids) > 0
     assert xkv.answer == alone.answer and xkv.receiver_context == alone.receiver_context
+    (s0, h0, k0), (s1, h1, k1) = seen
+    assert s0 == s1 and torch.equal(h0, h1) and all(torch.equal(x, y) for x, y in zip(k0, k1, strict=True))
 
 
 def test_translator_for_another_pair_is_refused(pair, agent_for, ckpt):

@@ -56,8 +56,9 @@ def test_fullkv_zero_steps_still_sends_prefill_states(agents):
     # what crossed the wire: each sender's own canonical state bytes
     fresh = [FullKV(latent_steps=0).sender_state(s, d, QUESTION) for s, d in zip(senders, DOCS)]
     assert out.message_bytes == sum(len(s.to_bytes()) for s in fresh) > 0
-    assert out.receiver_context >= sum(prefill_rows)
-    assert len(out.sender_seconds) == 2 and out.tteoa >= out.receiver_seconds
+    answer = receiver.calls[-1]  # the receiver's context: every message row, its continuation prompt, the answer
+    assert out.receiver_context == answer.rows_in + answer.tokens_out and answer.rows_in > sum(prefill_rows)
+    assert len(out.sender_seconds) == 2 and out.tteoa == max(out.sender_seconds) + out.receiver_seconds
 
 
 def test_fullkv_latent_steps_add_rows(agents):
