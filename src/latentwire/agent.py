@@ -360,7 +360,8 @@ class Agent:
             ids = self.tokenizer(self.continuation_text(KV_PROMPT.format(question=question)),
                                  add_special_tokens=False)["input_ids"]
             self._check_window(message=len(message), prompt=len(ids), max_new_tokens=max_new_tokens)
-            return message.compact().to_cache(), len(message), {"ids": self.ids(ids)}, len(message), len(ids)
+            own = message.compact().to(self.device, self.dtype)  # e.g. a float32 translator's rows for a bf16 receiver
+            return own.to_cache(), len(message), {"ids": self.ids(ids)}, len(message), len(ids)
         pre, post = self._slot_split(question)
         if isinstance(message, Rows):  # continuous rows, re-prefilled inside the template slot
             self._check_rows(message)

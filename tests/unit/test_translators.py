@@ -193,3 +193,42 @@ def test_state_cache_reads_back_what_it_wrote_and_respects_its_limit(tmp_path, a
     with pytest.raises(GeometryMismatchError):  # a file under another model's key is never trusted
         (tmp_path / "a" / next((tmp_path / "a").glob("*.kv")).name).rename(cache._path(agent_for("llama"), "x"))
         cache.get(agent_for("llama"), "x")
+
+
+def _bf16_agent(arch: str, tokenizer) -> Agent:
+    """A tiny model as from_pretrained(dtype=bfloat16) loads one: weights in bf16, RoPE frequencies in float32."""
+    from latentwire.models import tiny_model
+
+    model = tiny_model(arch)
+    for w in model.parameters():
+        w.data = w.data.to(torch.bfloat16)
+    return Agent(model, tokenizer, model_name=arch)
+
+
+@pytest.mark.parametrize("method", ["xkv", "lcfx", "dense", "c2c"])
+def test_bf16_frozen_models_train_a_float32_translator(method, tmp_path, tokenizer):
+    """The bundled models run in bf16 by default; the translator trains in float32 and its rows reach the bf16
+    receiver cast to its dtype (the grid's first run crashed in SDPA on a float32 key for a bf16 query)."""
+    bf16 = {a: _bf16_agent(a, tokenizer) for a in ("gemma3", "llama")}
+    cfg = TrainConfig(method, "gemma3", "llama", tasks=("reasoning",), train_n=2, val_n=1, steps=2, batch=1,
+                      eval_every=2, stage1_steps=1 if method == "dense" else 0)
+    out = train(cfg, tmp_path / method, bf16["gemma3"], bf16["llama"], StateCache(tmp_path / "cache"), progress=False)
+    log = json.loads((out / "trainer.json").read_text())
+    assert log["step"] == 2 and all(torch.isfinite(torch.tensor(v)) for _, v in log["val"])
+    trained = load(out)
+    assert {p.dtype for p in trained.parameters()} == {torch.float32}
+    untrained = build(method, bf16["gemma3"].geometry, bf16["llama"].geometry)
+    assert any(not torch.equal(a, b) for a, b in zip(trained.state_dict().values(), untrained.state_dict().values()))
+
+
+def test_a_float32_state_reaches_a_bf16_receiver_in_its_dtype(agent_for, tokenizer):
+    fp32 = agent_for("gemma3").prefill("some shared context")
+    receiver = _bf16_agent("gemma3", tokenizer)
+    cache, start, *_ = receiver._receiver_input("Who?", fp32, 4)
+    ref = fp32.to(dtype=torch.bfloat16)
+    assert start == len(fp32)
+    for i, layer in enumerate(ref.layers):
+        assert cache.layers[i].keys.dtype == torch.bfloat16
+        assert torch.equal(cache.layers[i].keys[0], layer.keys) and torch.equal(cache.layers[i].values[0], layer.values)
+    assert receiver.answer("Who?", message=fp32, max_new_tokens=3).text == receiver.answer("Who?", message=ref,
+                                                                                           max_new_tokens=3).text

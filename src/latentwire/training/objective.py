@@ -33,7 +33,8 @@ def answer_loss(agent: Agent, state: KVState, question: str, answer: str) -> tor
     ids = torch.tensor(prompt + ans, dtype=torch.int64, device=device)
     T = len(state)
     agent.geometry.check_same(state.geometry)
-    cache = (state if state.is_compact else state.compact()).to_cache()
+    # the translator trains in float32; the frozen receiver reads in its own dtype (the cast passes gradients)
+    cache = (state if state.is_compact else state.compact()).to(device, agent.dtype).to_cache()
     out = agent.decoder(input_ids=ids[None], past_key_values=cache,
                         position_ids=torch.arange(T, T + len(ids), device=device)[None], use_cache=True)
     hidden = out.last_hidden_state[0, len(prompt) - 1:-1]  # (n_ans, d): each predicts the next answer token
