@@ -357,8 +357,7 @@ class Agent:
             raise TypeError("with a message, the question must be a string")
         if isinstance(message, KVState):  # full KV: the state is the prefix, the prompt continues after it
             self.geometry.check_same(message.geometry)
-            ids = self.tokenizer(self.continuation_text(KV_PROMPT.format(question=question)),
-                                 add_special_tokens=False)["input_ids"]
+            ids = self.kv_prompt_ids(question)
             self._check_window(message=len(message), prompt=len(ids), max_new_tokens=max_new_tokens)
             own = message.compact().to(self.device, self.dtype)  # e.g. a float32 translator's rows for a bf16 receiver
             return own.to_cache(), len(message), {"ids": self.ids(ids)}, len(message), len(ids)
@@ -376,6 +375,11 @@ class Agent:
         raise TypeError(f"a message is text, Rows or a KVState, not {type(message).__name__}")
 
     # -- helpers ----------------------------------------------------------------------------
+    def kv_prompt_ids(self, question: str) -> list[int]:
+        """Token ids that follow a full-KV message: the continuation (below) asking `question`."""
+        return self.tokenizer(self.continuation_text(KV_PROMPT.format(question=question)),
+                              add_special_tokens=False)["input_ids"]
+
     def continuation_text(self, question: str) -> str:
         """Template text that closes the open assistant turn a message ends in, then asks `question`.
 

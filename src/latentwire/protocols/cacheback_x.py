@@ -53,7 +53,7 @@ from typing import Sequence
 
 import torch
 
-from ..agent import KV_PROMPT, MESSAGE_PROMPT, Agent
+from ..agent import MESSAGE_PROMPT, Agent
 from ..errors import ConfigError, ContextOverflowError, UnknownNameError
 from ..message import SEPARATOR, Rows, Spans, merge_spans
 from ..select import fanin_budget
@@ -214,12 +214,7 @@ class CacheBackX(CacheBack):
         document rows + its first row + G latent rows, B = ceil((P + G) / ratio). `senders`: their model names."""
         rows = sum(min(fanin_budget(P + self.latent_steps, self.ratio), P - 1) + 1 + self.latent_steps
                    for P in prompts)
-        ids = receiver.tokenizer(receiver.continuation_text(KV_PROMPT.format(question=question)),
-                                 add_special_tokens=False)["input_ids"]
-        parts = {"translated_rows": rows, "prompt": len(ids), "max_new_tokens": self.max_new_tokens}
-        if sum(parts.values()) > receiver.context_window:
-            raise MessageOverflowError(sum(parts.values()), receiver.context_window, parts,
-                                       sorted(set(senders)), receiver.model_name)
+        check_translated_fit(receiver, question, rows, self.max_new_tokens, sorted(set(senders)))
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
         self.check_map(senders, receiver)  # refused before any sender reads
@@ -324,9 +319,16 @@ def receiver_state(receiver: Agent, question: str, states: Sequence[KVState], ma
     states were translated from, for the error)."""
     for s in states:
         receiver.geometry.check_same(s.geometry)
-    ids = receiver.tokenizer(receiver.continuation_text(KV_PROMPT.format(question=question)),
-                             add_special_tokens=False)["input_ids"]
-    parts = {"translated_rows": sum(len(s) for s in states), "prompt": len(ids), "max_new_tokens": max_new_tokens}
-    if sum(parts.values()) > receiver.context_window:
-        raise MessageOverflowError(sum(parts.values()), receiver.context_window, parts, senders, receiver.model_name)
+    check_translated_fit(receiver, question, sum(len(s) for s in states), max_new_tokens, senders)
     return KVState.concat([cast(s, receiver.dtype, receiver.device) for s in states])
+
+
+def check_translated_fit(receiver: Agent, question: str, rows: int, max_new_tokens: int,
+                         senders: Sequence[str]) -> None:
+    """MessageOverflowError naming the sender models and the receiver unless `rows` translated rows, the receiver's
+    continuation prompt and `max_new_tokens` fit its window (before the reads: the budgets' bound; at receipt:
+    the rows that came)."""
+    parts = {"translated_rows": rows, "prompt": len(receiver.kv_prompt_ids(question)), "max_new_tokens": max_new_tokens}
+    if sum(parts.values()) > receiver.context_window:
+        raise MessageOverflowError(sum(parts.values()), receiver.context_window, parts, list(senders),
+                                   receiver.model_name)

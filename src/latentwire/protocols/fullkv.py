@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..agent import KV_PROMPT, LATENT_MODES, Agent
+from ..agent import LATENT_MODES, Agent
 from ..errors import ContextOverflowError, UnknownNameError
 from ..state import KVState
 from .base import QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, sender_prompt_lengths, timed
@@ -49,8 +49,7 @@ class FullKV(Protocol):
         pairs = self._pair(senders, documents)
         rows = sum(sender_prompt_lengths([s for s, _ in pairs], [self.sender_prompt(d, question) for _, d in pairs],
                                          self.latent_steps))
-        follow = receiver.tokenizer(receiver.continuation_text(KV_PROMPT.format(question=question)),
-                                    add_special_tokens=False)["input_ids"]
+        follow = receiver.kv_prompt_ids(question)
         parts = {"sender_rows": rows, "latent_rows": len(documents) * self.latent_steps, "prompt": len(follow),
                  "max_new_tokens": self.max_new_tokens}
         if sum(parts.values()) > receiver.context_window:

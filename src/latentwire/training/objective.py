@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..agent import KV_PROMPT, Agent
+from ..agent import Agent
 from ..state import KVState
 
 TURN_END = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>")
@@ -22,7 +22,7 @@ def turn_end_id(agent: Agent) -> int:
 def answer_ids(agent: Agent, question: str, answer: str) -> tuple[list[int], list[int]]:
     """(prompt ids that follow a full-KV message, answer ids ending with the turn end)."""
     tok = agent.tokenizer
-    prompt = tok(agent.continuation_text(KV_PROMPT.format(question=question)), add_special_tokens=False)["input_ids"]
+    prompt = agent.kv_prompt_ids(question)
     return prompt, tok(answer, add_special_tokens=False)["input_ids"] + [turn_end_id(agent)]
 
 
