@@ -232,3 +232,15 @@ def test_a_float32_state_reaches_a_bf16_receiver_in_its_dtype(agent_for, tokeniz
         assert torch.equal(cache.layers[i].keys[0], layer.keys) and torch.equal(cache.layers[i].values[0], layer.values)
     assert receiver.answer("Who?", message=fp32, max_new_tokens=3).text == receiver.answer("Who?", message=ref,
                                                                                            max_new_tokens=3).text
+
+
+def test_a_save_interrupted_between_weights_and_log_is_refused(tmp_path, agent_for):
+    """_save writes the weights, the optimizer, then the log; weights newer than the log cannot resume exactly."""
+    out, log = _tiny_run(tmp_path, agent_for, "xkv", 4)
+    header = json.loads((out / "config.json").read_text())
+    header["training"]["step"] = 8  # as if the next save had written the weights and died before the log
+    (out / "config.json").write_text(json.dumps(header))
+    log["config"]["steps"] = 8
+    (out / "trainer.json").write_text(json.dumps(log))
+    with pytest.raises(ConfigError, match="weights are from step 8 but the training log stops at step 4"):
+        _tiny_run(tmp_path, agent_for, "xkv", 8)

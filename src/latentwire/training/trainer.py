@@ -30,6 +30,7 @@ from ..agent import Agent
 from ..bench.tasks.pairs import PAIR_TASKS, Pair, check_disjoint, pairs
 from ..errors import ConfigError, UnknownNameError
 from ..translate import TRANSLATORS, build, load
+from ..translate.base import read_header
 from ..translate.compose import compose
 from .objective import answer_loss
 from .states import StateCache, pair_states
@@ -130,6 +131,11 @@ def train(cfg: TrainConfig, out: str | Path, sharer: Agent | None = None, receiv
     # The translator trains where it writes: on the receiver's device, its parameters in float32.
     mode = {"context_aware": cfg.context_aware} if cfg.method == "dense" else {}  # recorded in the checkpoint
     if log["step"]:
+        saved = read_header(out).get("training", {}).get("step")
+        if saved != log["step"]:  # _save writes weights, optimizer, then the log: a kill in between leaves them apart
+            raise ConfigError(f"{out}: the weights are from step {saved} but the training log stops at step "
+                              f"{log['step']} (a save was interrupted); resuming would not reproduce the run, "
+                              "so train into a new folder")
         translator = load(out, device=receiver.device).to(dtype=torch.float32).train()
         if mode and translator.config.context_aware is None:  # a run saved before the mode was recorded
             translator.config = dataclasses.replace(translator.config, **mode)
