@@ -115,11 +115,16 @@ def page(grid: Path, cells: dict) -> tuple[str, dict]:
     pending = [p for p in PAIRS.split(",") if p not in pairs_done]
     tasks = sorted({t for _, t in cells})
     ns = sorted({len(rows[r]["acc"]) for rows in cells.values() for r in rows})
+
+    def partial(pair: str) -> str:  # a pair evaluated on only some of the grid's tasks says which
+        got = [t for t in tasks if (pair, t) in cells]
+        return f" ({', '.join(got)} only)" if len(got) < len(tasks) else ""
+
     lines = ["# Translators between different frozen models: the grid", "",
              "Commands, per ordered pair A:B (sharer:receiver): `python benchmarks/train_translators.py --pairs A:B`, "
              "then `python benchmarks/translators.py --pairs A:B --n 64`; this page: "
              "`python benchmarks/translators.py --report-only`.", "",
-             f"Pairs evaluated: {', '.join(p.replace(':', ' → ') for p in pairs_done) or 'none'}"
+             f"Pairs evaluated: {', '.join(p.replace(':', ' → ') + partial(p) for p in pairs_done) or 'none'}"
              + (f"; not yet: {', '.join(p.replace(':', ' → ') for p in pending)}." if pending else "."),
              f"Tasks: {', '.join(tasks)}; held-out pairs per cell: {', '.join(map(str, ns))} (documents never seen in "
              "training). Accuracy = a gold alias occurs in the reply. C2C (both gates) is a shared-context method: "

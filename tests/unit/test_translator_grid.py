@@ -51,6 +51,17 @@ def test_page_from_cells(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "grid.json").read_text())["pairs"] == ["a:b"]
 
 
+def test_a_pair_on_some_tasks_only_says_which(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import translators_report as tr
+
+    _cell(tmp_path, "a", "b", "facts", {"t2t": [0, 1], "xkv": [1, 1]})
+    _cell(tmp_path, "a", "b", "reasoning", {"t2t": [1, 1], "xkv": [1, 0]})
+    _cell(tmp_path, "c", "b", "facts", {"t2t": [1, 0], "xkv": [0, 0]})
+    text = tr.write_page(tmp_path)
+    assert "Pairs evaluated: a → b, c → b (facts only)" in text  # a full pair carries no label
+
+
 def test_missing_checkpoint_is_refused_with_the_command(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import translators
