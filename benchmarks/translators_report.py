@@ -72,6 +72,22 @@ def collect(grid: Path) -> dict:
     return cells
 
 
+def cell_runs(grid: Path) -> dict:
+    """{(pair, task): how the cell ran}: dtype, device and the CPU's native-bf16 flags, from its config.json
+    (a cell resumed elsewhere lists every environment)."""
+    runs = {}
+    for cfg_path in sorted(grid.glob("*/config.json")):
+        raw = json.loads(cfg_path.read_text())
+        cfg, envs = raw["config"], [e for e in (raw.get("environment"), *raw.get("resumed", [])) if e]
+        where = sorted({f"{e.get('cpu_model') or e.get('machine')}, "
+                        + (f"CUDA {e['cuda']}" if e.get("cuda") else
+                           f"native bf16 ({', '.join(e['cpu_bf16'])})" if e.get("cpu_bf16") else "no native bf16")
+                        for e in envs}) or ["environment not recorded"]
+        runs[(f"{cfg['sharer']}:{cfg['receiver']}", cfg["task"])] = (f"{cfg.get('dtype', '?')} on "
+                                                                   f"{cfg.get('device', '?')}: " + "; ".join(where))
+    return runs
+
+
 def macro(cells: dict, row: str, metric: str = "acc") -> tuple[float, float, float, int, int]:
     """(macro accuracy (or `metric` "em"), CI low, CI high, cells, episodes) of one row over its cells."""
     strata = [list(rows[row][metric].values()) for rows in cells.values() if row in rows]
@@ -91,6 +107,18 @@ def paired(cells: dict, a: str, b: str) -> dict | None:
         return None
     d, lo, hi = stratified_bootstrap_ci(diffs)
     return {"diff": d, "low": lo, "high": hi, "p": mcnemar_exact(xa, xb), "cells": len(diffs), "n": len(xa)}
+
+
+def verdicts_by_receiver(cells: dict) -> dict:
+    """{receiver: {claim: paired difference}} over each receiver model's cells; empty when the grid has one."""
+    receivers = sorted({pair.split(":")[1] for pair, _ in cells})
+    if len(receivers) < 2:
+        return {}
+    out = {}
+    for r in receivers:
+        sub = {key: rows for key, rows in cells.items() if key[0].split(":")[1] == r}
+        out[r] = {claim: v for a, b, claim in VERDICTS if (v := paired(sub, a, b)) is not None}
+    return out
 
 
 def decide(v: dict) -> str:
@@ -120,6 +148,8 @@ def page(grid: Path, cells: dict) -> tuple[str, dict]:
         got = [t for t in tasks if (pair, t) in cells]
         return f" ({', '.join(got)} only)" if len(got) < len(tasks) else ""
 
+    runs = cell_runs(grid)
+    dtypes = sorted({r.split(" on ")[0] for r in runs.values()})
     lines = ["# Translators between different frozen models: the grid", "",
              "Commands, per ordered pair A:B (sharer:receiver): `python benchmarks/train_translators.py --pairs A:B`, "
              "then `python benchmarks/translators.py --pairs A:B --n 64`; this page: "
@@ -129,7 +159,9 @@ def page(grid: Path, cells: dict) -> tuple[str, dict]:
              f"Tasks: {', '.join(tasks)}; held-out pairs per cell: {', '.join(map(str, ns))} (documents never seen in "
              "training). Accuracy = a gold alias occurs in the reply. C2C (both gates) is a shared-context method: "
              "the receiver reads both documents too, so its reference is full context (one model reading both), "
-             "not the single-document translators.", "",
+             "not the single-document translators."
+             + (f" Cells ran in different dtypes ({', '.join(dtypes)}; each pair's section says which): accuracy "
+                "compares across cells, times only within a pair." if len(dtypes) > 1 else ""), "",
              "## Macro accuracy per method", "",
              "Mean over the (pair, task) cells; 95% CI from a stratified bootstrap (episodes redrawn within each "
              "cell). EM (the reply is exactly a gold alias, SQuAD-normalised) beside it: accuracy credits a reply "
@@ -160,8 +192,22 @@ def page(grid: Path, cells: dict) -> tuple[str, dict]:
                      f"{100 * v['high']:+.1f}] | {v['p']:.3g} | {q:.3g} | {v['n']} | {v['verdict']} |")
     if verdicts:
         lines += ["", holm_note(len(verdicts))]
+    by_receiver = verdicts_by_receiver(cells)
+    if by_receiver:
+        receivers = list(by_receiver)
+        lines += ["", "### The verdicts per receiver model", "",
+                  "The same paired differences over the cells of one receiver each (McNemar p unadjusted): a "
+                  "pooled verdict that one receiver alone carries shows here.", "",
+                  "| claim | " + " | ".join(f"receiver {r}" for r in receivers) + " |", "|---|" + "---|" * len(receivers)]
+        for _, _, claim in VERDICTS:
+            got = [by_receiver[r].get(claim) for r in receivers]
+            if any(got):
+                lines.append(f"| {claim} | " + " | ".join(
+                    f"{100 * v['diff']:+.1f} pp [{100 * v['low']:+.1f}, {100 * v['high']:+.1f}], p = {v['p']:.2g}, "
+                    f"n = {v['n']}" if v else "–" for v in got) + " |")
     for pair in pairs_done:
         lines += ["", f"## {pair.replace(':', ' → ')}", "",
+                  "Ran in " + "; ".join(f"{t}: {runs[(pair, t)]}" for t in tasks if (pair, t) in runs) + ".", "",
                   "| method | " + " | ".join(f"{t} accuracy [95% CI]" for t in tasks) + " | median TTEOA s | "
                   "translator ms | params | errors |", "|---|" + "---|" * len(tasks) + "---:|---:|---:|---:|"]
         for row in ROWS:
@@ -195,7 +241,8 @@ def page(grid: Path, cells: dict) -> tuple[str, dict]:
                          f"→ {log['val'][-1][1]:.2f} |")
     lines += ["", "Translator forward time and parameters, XKV vs LCF-X: [translators_timing](../translators_timing.md).",
               "", "![accuracy per pair](accuracy.png)"] + (["", "![validation loss](loss.png)"] if logs else [])
-    return "\n".join(lines) + "\n", {"summary": summary, "verdicts": verdicts, "pairs": pairs_done,
+    return "\n".join(lines) + "\n", {"summary": summary, "verdicts": verdicts, "by_receiver": by_receiver,
+                                     "pairs": pairs_done,
                                      "pending": pending, "tasks": tasks}
 
 

@@ -11,7 +11,8 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def _cell(grid: Path, sharer: str, receiver: str, task: str, accs: dict[str, list[int]]) -> None:
+def _cell(grid: Path, sharer: str, receiver: str, task: str, accs: dict[str, list[int]],
+          dtype: str | None = None) -> None:
     folder = grid / f"{sharer}_{receiver}_{task}"
     folder.mkdir(parents=True)
     protocols, records = {}, []
@@ -26,8 +27,11 @@ def _cell(grid: Path, sharer: str, receiver: str, task: str, accs: dict[str, lis
         records += [{"pair": f"{task}-test-{i:04d}", "protocol": label, "accuracy": x, "em": 0.0, "tteoa": 1.0 + i,
                      "details": {"translator_ms": 5.0, "parameters": 10} if spec["name"] == "translated" else {},
                      "error": None} for i, x in enumerate(xs)]
-    (folder / "config.json").write_text(json.dumps({"config": {"sharer": sharer, "receiver": receiver, "task": task,
-                                                               "n": len(xs), "protocols": protocols}}))
+    config = {"config": {"sharer": sharer, "receiver": receiver, "task": task, "n": len(xs), "protocols": protocols}}
+    if dtype:  # as benchmarks/translators.py records it
+        config["config"] |= {"dtype": dtype, "device": "cpu"}
+        config["environment"] = {"cpu_model": "EPYC", "cpu_bf16": ["avx512_bf16"] if dtype == "bfloat16" else []}
+    (folder / "config.json").write_text(json.dumps(config))
     (folder / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
@@ -60,6 +64,25 @@ def test_a_pair_on_some_tasks_only_says_which(tmp_path, monkeypatch):
     _cell(tmp_path, "c", "b", "facts", {"t2t": [1, 0], "xkv": [0, 0]})
     text = tr.write_page(tmp_path)
     assert "Pairs evaluated: a → b, c → b (facts only)" in text  # a full pair carries no label
+
+
+def test_each_pair_says_how_it_ran_and_mixed_dtypes_are_flagged(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import translators_report as tr
+
+    _cell(tmp_path, "a", "b", "facts", {"t2t": [0, 1], "xkv": [1, 1]}, dtype="bfloat16")
+    _cell(tmp_path, "c", "b", "facts", {"t2t": [1, 0], "xkv": [0, 0]}, dtype="float32")
+    text = tr.write_page(tmp_path)
+    assert "Ran in facts: bfloat16 on cpu: EPYC, native bf16 (avx512_bf16)." in text
+    assert "Ran in facts: float32 on cpu: EPYC, no native bf16." in text
+    assert "Cells ran in different dtypes (bfloat16, float32" in text and "times only within a pair" in text
+    assert "per receiver" not in text  # one receiver model: nothing to split
+    _cell(tmp_path, "a", "d", "facts", {"t2t": [0, 0], "xkv": [1, 1]}, dtype="float32")
+    text = tr.write_page(tmp_path)
+    row = next(line for line in text.splitlines() if line.startswith("| XKV > T2T | +0.0 pp"))
+    assert row.split(" | ")[2].startswith("+100.0 pp [") and "n = 2 |" in row  # receiver b nets 0, d alone +100
+    _cell(tmp_path / "same", "a", "b", "facts", {"t2t": [0, 1]}, dtype="float32")
+    assert "different dtypes" not in tr.write_page(tmp_path / "same")
 
 
 def test_missing_checkpoint_is_refused_with_the_command(monkeypatch):
@@ -95,6 +118,7 @@ def test_evaluate_a_tiny_pair_end_to_end(tmp_path, monkeypatch):
     assert (tmp_path / "grid" / "training" / "xkv_tiny-gemma3_tiny-llama.json").exists()
     page = (tmp_path / "grid" / "README.md").read_text()
     assert "| xkv |" in page and "tiny-gemma3 → tiny-llama" in page and "## Training runs" in page
+    assert f"Ran in reasoning: {config['dtype']} on cpu: " in page  # how the cell ran, from its config
     translators.main(argv)  # resumes: nothing to add
     assert (cell / "records.jsonl").read_text().splitlines() == records
 
