@@ -73,8 +73,8 @@ def collect(grid: Path) -> dict:
 
 
 def cell_runs(grid: Path) -> dict:
-    """{(pair, task): how the cell ran}: dtype, device and the CPU's native-bf16 flags, from its config.json
-    (a cell resumed elsewhere lists every environment)."""
+    """{(pair, task): (dtype, how the cell ran)}: its dtype, and the dtype, device and CPU (with its native-bf16
+    flags) in words, from its config.json (a cell resumed elsewhere lists every environment)."""
     runs = {}
     for cfg_path in sorted(grid.glob("*/config.json")):
         raw = json.loads(cfg_path.read_text())
@@ -83,8 +83,9 @@ def cell_runs(grid: Path) -> dict:
                         + (f"CUDA {e['cuda']}" if e.get("cuda") else
                            f"native bf16 ({', '.join(e['cpu_bf16'])})" if e.get("cpu_bf16") else "no native bf16")
                         for e in envs}) or ["environment not recorded"]
-        runs[(f"{cfg['sharer']}:{cfg['receiver']}", cfg["task"])] = (f"{cfg.get('dtype', '?')} on "
-                                                                   f"{cfg.get('device', '?')}: " + "; ".join(where))
+        dtype = cfg.get("dtype", "?")
+        runs[(f"{cfg['sharer']}:{cfg['receiver']}", cfg["task"])] = (
+            dtype, f"{dtype} on {cfg.get('device', '?')}: " + "; ".join(where))
     return runs
 
 
@@ -149,7 +150,7 @@ def page(grid: Path, cells: dict) -> tuple[str, dict]:
         return f" ({', '.join(got)} only)" if len(got) < len(tasks) else ""
 
     runs = cell_runs(grid)
-    dtypes = sorted({r.split(" on ")[0] for r in runs.values()})
+    dtypes = sorted({dtype for dtype, _ in runs.values()})
     lines = ["# Translators between different frozen models: the grid", "",
              "Commands, per ordered pair A:B (sharer:receiver): `python benchmarks/train_translators.py --pairs A:B`, "
              "then `python benchmarks/translators.py --pairs A:B --n 64`; this page: "
@@ -207,7 +208,7 @@ def page(grid: Path, cells: dict) -> tuple[str, dict]:
                     f"n = {v['n']}" if v else "–" for v in got) + " |")
     for pair in pairs_done:
         lines += ["", f"## {pair.replace(':', ' → ')}", "",
-                  "Ran in " + "; ".join(f"{t}: {runs[(pair, t)]}" for t in tasks if (pair, t) in runs) + ".", "",
+                  "Ran in " + "; ".join(f"{t}: {runs[(pair, t)][1]}" for t in tasks if (pair, t) in runs) + ".", "",
                   "| method | " + " | ".join(f"{t} accuracy [95% CI]" for t in tasks) + " | median TTEOA s | "
                   "translator ms | params | errors |", "|---|" + "---|" * len(tasks) + "---:|---:|---:|---:|"]
         for row in ROWS:
