@@ -72,6 +72,15 @@ def collect(grid: Path) -> dict:
     return cells
 
 
+def hardware(env: dict) -> str:
+    """One run environment (bench.runner.environment()) in words: the CPU, and the GPU or the CPU's bf16 support."""
+    if env.get("cuda"):
+        return f"{env.get('cpu_model') or env.get('machine')}, CUDA {env['cuda']}"
+    flags = env.get("cpu_bf16")
+    return f"{env.get('cpu_model') or env.get('machine')}, " + (f"native bf16 ({', '.join(flags)})" if flags
+                                                                 else "no native bf16")
+
+
 def cell_runs(grid: Path) -> dict:
     """{(pair, task): (dtype, how the cell ran)}: its dtype, and the dtype, device and CPU (with its native-bf16
     flags) in words, from its config.json (a cell resumed elsewhere lists every environment)."""
@@ -79,10 +88,7 @@ def cell_runs(grid: Path) -> dict:
     for cfg_path in sorted(grid.glob("*/config.json")):
         raw = json.loads(cfg_path.read_text())
         cfg, envs = raw["config"], [e for e in (raw.get("environment"), *raw.get("resumed", [])) if e]
-        where = sorted({f"{e.get('cpu_model') or e.get('machine')}, "
-                        + (f"CUDA {e['cuda']}" if e.get("cuda") else
-                           f"native bf16 ({', '.join(e['cpu_bf16'])})" if e.get("cpu_bf16") else "no native bf16")
-                        for e in envs}) or ["environment not recorded"]
+        where = sorted({hardware(e) for e in envs}) or ["environment not recorded"]
         dtype = cfg.get("dtype", "?")
         runs[(f"{cfg['sharer']}:{cfg['receiver']}", cfg["task"])] = (
             dtype, f"{dtype} on {cfg.get('device', '?')}: " + "; ".join(where))
