@@ -19,7 +19,9 @@ and once per receiver B ("B→B ..."): alone, fullcontext, same-model cacheback(
 Every CacheBack row reads with G = 8 (CacheBack's default), so senders read once per (episode, model) and
 every protocol is charged that read (`shared_reads`); spans vs spans+latent differ only in the latent rows.
 Each task folder gets records.jsonl, config.json, report.md (paired verdicts: accuracy difference with a
-95% paired bootstrap CI, exact McNemar p, median TTEOA ratio), and the command. Resumable.
+95% paired bootstrap CI, exact McNemar p, median TTEOA ratio; per pair, the dtype and machines its rows ran
+in), and the command. Resumable, and a folder may grow by pairs: each row records its dtype, and a run is
+refused only where one pair's verdicts would compare rows of different dtypes.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from latent_vs_text import cell_episodes, commands, ensure_episodes, log_command
 
 from latentwire.agent import Agent  # noqa: E402
 from latentwire.bench.report import compare, verdict_table  # noqa: E402
-from latentwire.bench.runner import environment, finished, run_episode  # noqa: E402
+from latentwire.bench.runner import environment, finished, hardware, run_episode  # noqa: E402
 from latentwire.errors import LatentWireError  # noqa: E402
 from latentwire.protocols import get_protocol  # noqa: E402
 from latentwire.protocols.reads import shared_reads  # noqa: E402
@@ -152,6 +154,62 @@ def verdict_pairs(pairs: list[tuple[str, str]], ratios: list[int], labels: set[s
     return out
 
 
+def joint(a: str, b: str) -> str:
+    """A row's dtype from its sender's and receiver's: one name, or "sender→receiver" when they differ."""
+    return a if a == b else f"{a}→{b}"
+
+
+def row_dtypes(config: dict) -> dict[str, str]:
+    """Each protocol row's dtype: its own entry, or in a folder written before rows recorded one (one dtype per
+    model then, in config["dtype"]) its sender's and receiver's."""
+    return {label: p.get("dtype") or joint(config["dtype"][p["sender"]], config["dtype"][p["receiver"]])
+            for label, p in config["protocols"].items()}
+
+
+def comparison_groups(pairs, ratios, labels: set[str]) -> dict[tuple[str, str], set[str]]:
+    """Per pair, every row its verdicts read: the pair's own rows and its receiver's references."""
+    return {(a, b): {x for v in verdict_pairs([(a, b)], ratios, labels) for x in v} for a, b in pairs}
+
+
+def dtype_clashes(recorded: dict[str, str], planned: dict[str, str], pairs, ratios) -> list[str]:
+    """One line per pair whose verdicts would compare rows of different dtypes, from the rows the folder holds
+    records of (label → dtype) and the rows this run would add. Pairs that share no row are free to differ:
+    a pair's paired verdicts only ever read its own rows and its receiver's references."""
+    out = []
+    for (a, b), group in comparison_groups(pairs, ratios, set(recorded) | set(planned)).items():
+        seen: dict[str, list[str]] = {}
+        for lab in sorted(group):
+            for d in sorted({recorded.get(lab), planned.get(lab)} - {None}):
+                seen.setdefault(d, []).append(f"`{lab}`" + (" (recorded)" if recorded.get(lab) == d else ""))
+        if len(seen) > 1:
+            out.append(f"{a}→{b}: " + "; ".join(f"{d}: {', '.join(labs)}" for d, labs in sorted(seen.items())))
+    return out
+
+
+def how_pairs_ran(config: dict, records: list[dict], pairs, ratios) -> list[str]:
+    """Per pair, the dtype and the machines of the rows its verdicts read (a record's "run" names its invocation's
+    environment; records without one belong to the folder's only environment without a run id, if there is one)."""
+    envs = [config["environment"]] + config.get("resumed", [])
+    by_run = {e["run"]: hardware(e) for e in envs if e.get("run")}
+    legacy = [hardware(e) for e in envs if not e.get("run")]
+    unknown = legacy[0] if len(legacy) == 1 else "machine not recorded"
+    dtypes, where = row_dtypes(config), {}
+    for r in records:
+        where.setdefault(r["protocol"], set()).add(by_run.get(r.get("run"), unknown) if r.get("run") else unknown)
+    lines = ["How each pair's comparisons ran (its rows and its receiver's references):", ""]
+    for (a, b), group in comparison_groups(pairs, ratios, set(where)).items():
+        machines: dict[str, list[str]] = {}
+        for lab in sorted(group):
+            for m in sorted(where[lab]):
+                machines.setdefault(m, []).append(lab)
+        ran = "; ".join(sorted(machines)) if len(machines) == 1 else "; ".join(
+            f"{m} ({len(labs)} rows: {', '.join(f'`{x}`' for x in labs)})" for m, labs in sorted(machines.items()))
+        line = f"- `{a}→{b}`: {', '.join(sorted({dtypes.get(lab, '?') for lab in group}))} on {ran}"
+        lines.append(line + (" — its TTEOA ratios across these machines compare machines too" if len(machines) > 1
+                             else ""))
+    return lines + [""]
+
+
 def report(folder: Path, pairs, ratios, cmds: list[str]) -> str:
     records = [json.loads(l) for l in (folder / "records.jsonl").read_text().splitlines() if l.strip()]
     labels = list(dict.fromkeys(r["protocol"] for r in records))
@@ -170,7 +228,9 @@ def report(folder: Path, pairs, ratios, cmds: list[str]) -> str:
                      f"{med([r['message_bytes'] for r in ok if r['message_bytes'] is not None]):,.0f} | "
                      f"{med([r['tteoa'] for r in ok]):.2f} | "
                      f"{med([max(r['sender_seconds'], default=0.0) for r in ok]):.2f} |")
-    lines += ["", "Paired verdicts (accuracy a − b, 95% paired bootstrap CI, exact McNemar p; median of the per-episode "
+    config = json.loads((folder / "config.json").read_text())
+    lines += [""] + how_pairs_ran(config, records, pairs, ratios)
+    lines += ["Paired verdicts (accuracy a − b, 95% paired bootstrap CI, exact McNemar p; median of the per-episode "
               "TTEOA ratios a ÷ b). Accuracy above counts an episode that failed with a typed error as wrong.", ""]
     comparisons = [c for c in (compare(records, a, b) for a, b in verdict_pairs(pairs, ratios, set(labels))) if c]
     lines += verdict_table(comparisons)
@@ -192,7 +252,7 @@ def main() -> None:
     ap.add_argument("--translators", type=Path, default=ROOT / "runs" / "translators",
                     help="folder of trained translators dense_<sender>_<receiver>/ (translated rows run where one "
                          "exists)")
-    ap.add_argument("--dtype", default=None, help="default: latentwire's choice for this machine (bf16 here)")
+    ap.add_argument("--dtype", default=None, help="default: latentwire's choice for this machine (bf16 where the CPU has native bf16)")
     ap.add_argument("--out", type=Path, default=OUT, help="results folder (one subfolder per task)")
     args = ap.parse_args()
     tasks = args.tasks.split(",")
@@ -215,15 +275,21 @@ def main() -> None:
         episodes = cell_episodes(TASKS[task], args.n, args.seed)
         ensure_episodes(folder / "episodes.jsonl", episodes)  # refuses another seed's episodes in the folder
         config = {"task": task, "n": args.n, "seed": args.seed, "pairs": pairs, "ratios": ratios,
-                  "protocols": {label: {"sender": a, "receiver": b} | recorded(spec) for label, a, b, spec in rows},
-                  "dtype": {m: str(ag.dtype) for m, ag in agents.items()}, "latent_maps": maps,
+                  "protocols": {label: {"sender": a, "receiver": b} | recorded(spec)
+                                | {"dtype": joint(str(agents[a].dtype), str(agents[b].dtype))}
+                                for label, a, b, spec in rows}, "latent_maps": maps,
                   "translators": trained, "environment": environment(), "resumed": []}
         cfg_path, done = folder / "config.json", finished(folder / "records.jsonl", "episode")
         if done and cfg_path.exists():  # resuming: keep the first run's environment, log this one's
             first = json.loads(cfg_path.read_text())
-            clash = {m: d for m, d in config["dtype"].items() if first["dtype"].get(m, d) != d}
+            old = row_dtypes(first)  # a folder from before rows recorded their dtype: its models' dtypes
+            first["protocols"] = {lab: p | {"dtype": old[lab]} for lab, p in first["protocols"].items()}
+            clash = dtype_clashes({lab: old[lab] for _, lab in done if lab in old},
+                                  {lab: p["dtype"] for lab, p in config["protocols"].items()},
+                                  [tuple(p) for p in first["pairs"]] + pairs, sorted(set(first["ratios"]) | set(ratios)))
             if clash:
-                sys.exit(f"{folder} holds records of {sorted(clash)} in another dtype; use a new --out")
+                sys.exit(f"{folder}: these paired verdicts would compare rows of different dtypes; use a new --out, or "
+                         "this run's --dtype as recorded:\n  " + "\n  ".join(clash))
             refit = sorted(k for k, v in maps.items() if first.get("latent_maps", {}).get(k, v) != v)
             if refit:
                 sys.exit(f"{folder} holds spans+latent records made with other latent maps for {refit} (another "
@@ -236,7 +302,7 @@ def main() -> None:
                        "resumed": first.get("resumed", []) + [config["environment"]],
                        "pairs": first["pairs"] + [list(p) for p in pairs if list(p) not in first["pairs"]],
                        "ratios": sorted(set(first["ratios"]) | set(ratios)),
-                       "protocols": first["protocols"] | config["protocols"], "dtype": first["dtype"] | config["dtype"],
+                       "protocols": first["protocols"] | config["protocols"],
                        "latent_maps": first.get("latent_maps", {}) | maps,
                        "translators": first.get("translators", {}) | trained}
         cfg_path.write_text(json.dumps(config, indent=2) + "\n")

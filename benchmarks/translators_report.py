@@ -24,6 +24,7 @@ from translators import GRID, ROWS, TRAINED, median  # noqa: E402
 
 from latentwire.bench.metrics import bootstrap_ci, holm, mcnemar_exact, stratified_bootstrap_ci  # noqa: E402
 from latentwire.bench.report import holm_note  # noqa: E402
+from latentwire.bench.runner import hardware  # noqa: E402
 
 METHOD_ROW = {method: label for label, method, _ in TRAINED}
 SHARED_CONTEXT = ("c2c", "c2c (input gate)")  # both models read both documents
@@ -70,15 +71,6 @@ def collect(grid: Path) -> dict:
             row["params"] = row["params"] or details.get("parameters")
         cells[(f"{sharer}:{receiver}", task)] = rows
     return cells
-
-
-def hardware(env: dict) -> str:
-    """One run environment (bench.runner.environment()) in words: the CPU, and the GPU or the CPU's bf16 support."""
-    if env.get("cuda"):
-        return f"{env.get('cpu_model') or env.get('machine')}, CUDA {env['cuda']}"
-    flags = env.get("cpu_bf16")
-    return f"{env.get('cpu_model') or env.get('machine')}, " + (f"native bf16 ({', '.join(flags)})" if flags
-                                                                 else "no native bf16")
 
 
 def cell_runs(grid: Path) -> dict:

@@ -74,3 +74,42 @@ def test_translators_are_planned_checked_and_pinned(tmp_path, monkeypatch, model
     labels = {r[0] for r in rows}
     assert ("qwen2→llama cacheback_x(ratio=8, delivery='translated')", "qwen2→llama cacheback_x(ratio=8)") in \
         cm.verdict_pairs([("qwen2", "llama")], [8], labels)
+
+
+def test_a_folder_grows_by_pairs_but_no_verdict_mixes_dtypes(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import cross_model as cm
+
+    bf, f32 = "torch.bfloat16", "torch.float32"
+    legacy = {"dtype": {"s": bf, "q": bf},  # written before rows recorded their dtype: one per model
+              "protocols": {lab: {"sender": a, "receiver": b} for lab, a, b, _ in cm.plan([("s", "q")], [8], None)}}
+    recorded = cm.row_dtypes(legacy)
+    assert set(recorded.values()) == {bf} and "q→q alone" in recorded and "s→q text(ratio=8)" in recorded
+    reverse = {lab: f32 for lab, *_ in cm.plan([("q", "s")], [8], None)}  # new rows only: s's references, q senders
+    assert cm.dtype_clashes(recorded, reverse, [("s", "q"), ("q", "s")], [8]) == []
+    third = {lab: f32 for lab, *_ in cm.plan([("g", "q")], [8], None)}  # would re-use q's bf16 references
+    clash = cm.dtype_clashes(recorded, third, [("s", "q"), ("g", "q")], [8])
+    assert [c.split(":")[0] for c in clash] == ["s→q", "g→q"]  # both pairs' verdicts would read the mixed q rows
+    assert "`q→q alone` (recorded)" in clash[1] and "`g→q cacheback_x(ratio=8)`" in clash[1]
+    assert cm.dtype_clashes(recorded, {lab: bf for lab in third}, [("s", "q"), ("g", "q")], [8]) == []
+    assert cm.joint(bf, f32) == "torch.bfloat16→torch.float32"
+
+
+def test_the_report_says_how_each_pair_ran(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import cross_model as cm
+
+    rows = cm.plan([("s", "q"), ("q", "s")], [8], None)
+    old_env = {"run": None, "cpu_model": "Xeon", "cpu_bf16": ["avx512_bf16"]}  # records from before run ids
+    new_env = {"run": "r2", "cpu_model": "EPYC", "cpu_bf16": []}
+    config = {"environment": old_env, "resumed": [new_env],
+              "protocols": {lab: {"sender": a, "receiver": b, "dtype": "torch.float32" if b == "s" else "torch.bfloat16"}
+                            for lab, a, b, _ in rows}}
+    records = [{"protocol": lab} if b == "q" else {"protocol": lab, "run": "r2"} for lab, a, b, _ in rows]
+    records.append({"protocol": "s→q text(ratio=8)", "run": "r2"})  # one row of s→q resumed on the EPYC
+    lines = cm.how_pairs_ran(config, records, [("s", "q"), ("q", "s")], [8])
+    s_q = next(x for x in lines if x.startswith("- `s→q`"))
+    assert s_q.startswith("- `s→q`: torch.bfloat16 on EPYC, no native bf16 (1 rows: `s→q text(ratio=8)`); "
+                          "Xeon, native bf16 (avx512_bf16) (")
+    assert s_q.endswith("compare machines too")
+    assert "- `q→s`: torch.float32 on EPYC, no native bf16" in lines

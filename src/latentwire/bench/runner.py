@@ -147,6 +147,17 @@ def environment() -> dict:
             "started": started, "run": f"{started}#{uuid.uuid4().hex[:6]}"}  # run: labels this invocation's records
 
 
+def hardware(env: dict) -> str:
+    """One run environment (bench.runner.environment()) in words: the CPU, and the GPU or the CPU's bf16 support."""
+    if env.get("cuda"):
+        return f"{env.get('cpu_model') or env.get('machine')}, CUDA {env['cuda']}"
+    if "cpu_bf16" not in env:  # an environment recorded before the flags were
+        return f"{env.get('cpu_model') or env.get('machine')}, bf16 support not recorded"
+    flags = env["cpu_bf16"]
+    return f"{env.get('cpu_model') or env.get('machine')}, " + (f"native bf16 ({', '.join(flags)})" if flags
+                                                                 else "no native bf16")
+
+
 def cpu_model() -> str | None:
     """The CPU's model name (Linux /proc/cpuinfo), so a record says which machine its timings come from."""
     try:
