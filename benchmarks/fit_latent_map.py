@@ -7,7 +7,7 @@ Texts: sender contexts of freshly generated `facts` episodes (seed 1 by default;
 is seed 0 and the benchmark cells of latent_vs_text.py / cross_model.py are seed 2026, so the map never sees
 an evaluation document; it is fitted on prose and also used on `code`), each wrapped as a sender reads it
 (SENDER_PROMPT). Writes the map (`LatentMap.save`: latent_map.safetensors + latent_map.json) to --out and
-a fit.json beside it with the held-out fit quality: mean cosine and relative error of x W + b against the
+a fit.json beside it (dtype, machine) with the held-out fit quality: mean cosine and relative error of x W + b against the
 receiver's embeddings, on --heldout further texts. Use it with
 `cacheback_x(delivery=spans+latent, latent_map=<out>)`.
 """
@@ -65,6 +65,7 @@ def main(argv=None) -> None:
         p.error("--n-texts must be ≥ 1 and --heldout ≥ 0")
 
     from latentwire.agent import Agent
+    from latentwire.bench.runner import environment
     from latentwire.translate.latent_map import fit_latent_map
 
     sender = Agent.from_pretrained(args.sender, device=args.device, dtype=args.dtype)
@@ -77,7 +78,8 @@ def main(argv=None) -> None:
     out = latent_map.save(args.out)
     report = {"sender": latent_map.sender.model, "receiver": latent_map.receiver.model, "texts": latent_map.texts,
               "samples": latent_map.samples, "ridge": args.ridge, "latent_mode": args.latent_mode,
-              "shift": args.shift, "seed": args.seed, "fit_seconds": round(seconds, 2),
+              "shift": args.shift, "seed": args.seed, "dtype": str(sender.dtype), "device": str(sender.device),
+              "environment": environment(), "fit_seconds": round(seconds, 2),
               **quality(latent_map.to(receiver.device), sender, receiver, islice(chats, args.heldout))}
     (Path(out) / "fit.json").write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(report, indent=2))
