@@ -252,7 +252,8 @@ def main() -> None:
     ap.add_argument("--translators", type=Path, default=ROOT / "runs" / "translators",
                     help="folder of trained translators dense_<sender>_<receiver>/ (translated rows run where one "
                          "exists)")
-    ap.add_argument("--dtype", default=None, help="default: latentwire's choice for this machine (bf16 where the CPU has native bf16)")
+    ap.add_argument("--dtype", default=None,
+                    help="default: latentwire's choice for this machine (bf16 where the CPU has native bf16)")
     ap.add_argument("--out", type=Path, default=OUT, help="results folder (one subfolder per task)")
     args = ap.parse_args()
     tasks = args.tasks.split(",")
@@ -286,10 +287,11 @@ def main() -> None:
             first["protocols"] = {lab: p | {"dtype": old[lab]} for lab, p in first["protocols"].items()}
             clash = dtype_clashes({lab: old[lab] for _, lab in done if lab in old},
                                   {lab: p["dtype"] for lab, p in config["protocols"].items()},
-                                  [tuple(p) for p in first["pairs"]] + pairs, sorted(set(first["ratios"]) | set(ratios)))
+                                  [tuple(p) for p in first["pairs"]] + pairs,
+                                  sorted(set(first["ratios"]) | set(ratios)))
             if clash:
                 sys.exit(f"{folder}: these paired verdicts would compare rows of different dtypes; use a new --out, or "
-                         "this run's --dtype as recorded:\n  " + "\n  ".join(clash))
+                         "--dtype as these rows recorded it:\n  " + "\n  ".join(clash))
             refit = sorted(k for k, v in maps.items() if first.get("latent_maps", {}).get(k, v) != v)
             if refit:
                 sys.exit(f"{folder} holds spans+latent records made with other latent maps for {refit} (another "

@@ -7,8 +7,8 @@ Texts: sender contexts of freshly generated `facts` episodes (seed 1 by default;
 is seed 0 and the benchmark cells of latent_vs_text.py / cross_model.py are seed 2026, so the map never sees
 an evaluation document; it is fitted on prose and also used on `code`), each wrapped as a sender reads it
 (SENDER_PROMPT). Writes the map (`LatentMap.save`: latent_map.safetensors + latent_map.json) to --out and
-a fit.json beside it (dtype, machine) with the held-out fit quality: mean cosine and relative error of x W + b against the
-receiver's embeddings, on --heldout further texts. Use it with
+a fit.json beside it (dtype, machine) with the held-out fit quality: mean cosine and relative error of
+x W + b against the receiver's embeddings, on --heldout further texts. Use it with
 `cacheback_x(delivery=spans+latent, latent_map=<out>)`.
 """
 from __future__ import annotations

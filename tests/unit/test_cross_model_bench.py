@@ -103,8 +103,8 @@ def test_the_report_says_how_each_pair_ran(monkeypatch):
     old_env = {"run": None, "cpu_model": "Xeon", "cpu_bf16": ["avx512_bf16"]}  # records from before run ids
     new_env = {"run": "r2", "cpu_model": "EPYC", "cpu_bf16": []}
     config = {"environment": old_env, "resumed": [new_env],
-              "protocols": {lab: {"sender": a, "receiver": b, "dtype": "torch.float32" if b == "s" else "torch.bfloat16"}
-                            for lab, a, b, _ in rows}}
+              "protocols": {lab: {"sender": a, "receiver": b,
+                                  "dtype": "torch.float32" if b == "s" else "torch.bfloat16"} for lab, a, b, _ in rows}}
     records = [{"protocol": lab} if b == "q" else {"protocol": lab, "run": "r2"} for lab, a, b, _ in rows]
     records.append({"protocol": "s→q text(ratio=8)", "run": "r2"})  # one row of s→q resumed on the EPYC
     lines = cm.how_pairs_ran(config, records, [("s", "q"), ("q", "s")], [8])
