@@ -195,7 +195,7 @@ def how_pairs_ran(config: dict, records: list[dict], pairs, ratios) -> list[str]
     unknown = legacy[0] if len(legacy) == 1 else "machine not recorded"
     dtypes, where = row_dtypes(config), {}
     for r in records:
-        where.setdefault(r["protocol"], set()).add(by_run.get(r.get("run"), unknown) if r.get("run") else unknown)
+        where.setdefault(r["protocol"], set()).add(by_run.get(r.get("run"), unknown))  # by_run has no None key
     lines = ["How each pair's comparisons ran (its rows and its receiver's references):", ""]
     for (a, b), group in comparison_groups(pairs, ratios, set(where)).items():
         machines: dict[str, list[str]] = {}
