@@ -2,7 +2,8 @@
 
     python benchmarks/cross_model.py [--n 100] [--tasks facts1,code1] [--ratios 8,16]
         [--pairs smollm2-135m:qwen2.5-coder-0.5b,gemma3-270m:qwen2.5-coder-0.5b,qwen2.5-coder-0.5b:smollm2-135m]
-        [--latent-maps runs/latent_maps] [--translators runs/translators] [--out docs/results/cross_model]
+        [--latent-maps runs/latent_maps] [--translators runs/translators] [--sender-steps 0]
+        [--dtype float32] [--out docs/results/cross_model]
 
 Per task (fan-in of 3; `facts1` = one-hop facts with ≈ 500-token documents, `code1` = single-scope code,
 the same generators and seed as benchmarks/latent_vs_text.py) and per ordered pair A:B (senders A,
@@ -14,10 +15,13 @@ receiver B), every episode runs, each labelled "A→B protocol":
     cacheback_x(ratio=r, delivery='translated')     A's selected rows' K/V through a trained dense translator
                                                     (when --translators holds dense_<A>_<B>/, written by
                                                     benchmarks/train_translators.py --methods dense)
+    cacheback_x(ratio=r, latent_steps=G)            spans from senders that think G steps, not 8, before
+                                                    scoring (--sender-steps G; G = 0: a prefill-only read)
     text(ratio=r)                                   reports written by A at the same size, read by B
 and once per receiver B ("B→B ..."): alone, fullcontext, same-model cacheback(ratio=r, latent_steps=8).
-Every CacheBack row reads with G = 8 (CacheBack's default), so senders read once per (episode, model) and
-every protocol is charged that read (`shared_reads`); spans vs spans+latent differ only in the latent rows.
+Every other CacheBack row reads with G = 8 (CacheBack's default), so senders read once per (episode, model, G;
+the prefill is shared across G) and every protocol is charged its read (`shared_reads`); spans vs spans+latent
+differ only in the latent rows.
 Each task folder gets records.jsonl, config.json, report.md (paired verdicts: accuracy difference with a
 95% paired bootstrap CI, exact McNemar p, median TTEOA ratio; per pair, the dtype and machines its rows ran
 in), and the command. Resumable, and a folder may grow by pairs: each row records its dtype, and a run is
@@ -61,8 +65,10 @@ class Mixed:
 
 
 def plan(pairs: list[tuple[str, str]], ratios: list[int], maps: Path | None,
-         translators: Path | None = None) -> list[tuple[str, str, str, dict]]:
-    """(label, sender, receiver, protocol spec) rows, in run order."""
+         translators: Path | None = None, extra_steps: tuple[int, ...] = ()) -> list[tuple[str, str, str, dict]]:
+    """(label, sender, receiver, protocol spec) rows, in run order. `extra_steps`: further spans rows whose
+    senders think G of these latent steps instead of 8 before scoring (G = 0: prefill only, the cheapest read;
+    spans drop latent rows, so G acts only through the query's view of the thought-through cache)."""
     rows = []
     for b in dict.fromkeys(r for _, r in pairs):  # receivers' own references
         rows += [(f"{b}→{b} alone", b, b, {"name": "alone"}), (f"{b}→{b} fullcontext", b, b, {"name": "fullcontext"})]
@@ -71,6 +77,8 @@ def plan(pairs: list[tuple[str, str]], ratios: list[int], maps: Path | None,
     for a, b in pairs:
         for r in ratios:
             rows.append((f"{a}→{b} cacheback_x(ratio={r})", a, b, {"name": "cacheback_x", "ratio": r, "latent_steps": 8}))
+            rows += [(f"{a}→{b} cacheback_x(ratio={r}, latent_steps={g})", a, b,
+                      {"name": "cacheback_x", "ratio": r, "latent_steps": g}) for g in extra_steps if g != 8]
             fitted = maps / f"{a}_{b}" if maps else None
             if fitted and (fitted / "latent_map.json").exists():
                 rows.append((f"{a}→{b} cacheback_x(ratio={r}, delivery='spans+latent')", a, b,
@@ -151,6 +159,8 @@ def verdict_pairs(pairs: list[tuple[str, str]], ratios: list[int], labels: set[s
                       f"{a}→{b} cacheback_x(ratio={r}, delivery='translated')"):
                 if y in labels:
                     out.append((y, x) if "delivery=" in y else (x, y))
+            for v in sorted(lab for lab in labels if lab.startswith(f"{a}→{b} cacheback_x(ratio={r}, latent_steps=")):
+                out += [(v, y) for y in (x, f"{b}→{b} cacheback(ratio={r})") if y in labels]  # G vs 8; vs b's own
     return out
 
 
@@ -252,6 +262,9 @@ def main() -> None:
     ap.add_argument("--translators", type=Path, default=ROOT / "runs" / "translators",
                     help="folder of trained translators dense_<sender>_<receiver>/ (translated rows run where one "
                          "exists)")
+    ap.add_argument("--sender-steps", default="",
+                    help="comma-separated latent-step counts G for further spans rows (e.g. 0: senders only prefill "
+                         "before scoring), each judged against the G = 8 spans row and the receiver's own CacheBack")
     ap.add_argument("--dtype", default=None,
                     help="default: latentwire's choice for this machine (bf16 where the CPU has native bf16)")
     ap.add_argument("--out", type=Path, default=OUT, help="results folder (one subfolder per task)")
@@ -263,7 +276,11 @@ def main() -> None:
     if any(len(p) != 2 for p in pairs):
         sys.exit("--pairs: want SENDER:RECEIVER[,SENDER:RECEIVER...]")
     ratios = [int(r) for r in args.ratios.split(",")]
-    rows = plan(pairs, ratios, args.latent_maps, args.translators)
+    try:
+        steps = tuple(int(g) for g in args.sender_steps.split(",") if g.strip())
+    except ValueError:
+        sys.exit(f"--sender-steps: want comma-separated integers ≥ 0, got {args.sender_steps!r}")
+    rows = plan(pairs, ratios, args.latent_maps, args.translators, steps)
     protocols = {label: get_protocol(spec["name"], **{k: v for k, v in spec.items() if k != "name"})
                  for label, _, _, spec in rows}  # every spec validated before any model loads
     agents = {m: Agent.from_pretrained(m, dtype=args.dtype) for m in dict.fromkeys(x for p in pairs for x in p)}

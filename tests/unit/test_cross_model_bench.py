@@ -113,3 +113,21 @@ def test_the_report_says_how_each_pair_ran(monkeypatch):
                           "Xeon, native bf16 (avx512_bf16) (")
     assert s_q.endswith("compare machines too")
     assert "- `q→s`: torch.float32 on EPYC, no native bf16" in lines
+
+
+def test_sender_step_rows_are_planned_and_judged(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import cross_model as cm
+
+    rows = cm.plan([("s", "q")], [8, 16], None, None, (0, 8))  # 8 is the main row: not planned twice
+    extra = [(lab, spec) for lab, _, _, spec in rows if "latent_steps=" in lab]
+    assert extra == [("s→q cacheback_x(ratio=8, latent_steps=0)", {"name": "cacheback_x", "ratio": 8, "latent_steps": 0}),
+                     ("s→q cacheback_x(ratio=16, latent_steps=0)", {"name": "cacheback_x", "ratio": 16, "latent_steps": 0})]
+    assert not [lab for lab, *_ in cm.plan([("s", "q")], [8], None) if "latent_steps=" in lab]  # opt-in only
+    pairs = cm.verdict_pairs([("s", "q")], [8, 16], {lab for lab, *_ in rows})
+    g0 = [p for p in pairs if "latent_steps=0" in p[0]]
+    assert g0 == [("s→q cacheback_x(ratio=8, latent_steps=0)", "s→q cacheback_x(ratio=8)"),
+                  ("s→q cacheback_x(ratio=8, latent_steps=0)", "q→q cacheback(ratio=8)"),
+                  ("s→q cacheback_x(ratio=16, latent_steps=0)", "s→q cacheback_x(ratio=16)"),
+                  ("s→q cacheback_x(ratio=16, latent_steps=0)", "q→q cacheback(ratio=16)")]
+    assert all("latent_steps=0" not in lab for p in pairs if "latent_steps=0" not in p[0] for lab in p)
