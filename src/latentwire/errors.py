@@ -27,6 +27,18 @@ class ModelFileError(ModelNotInstalledError):
         return type(self), (self.package, self.file, self.expected, self.actual, self.fix)
 
 
+class MissingExtraError(LatentWireError, ImportError):
+    """An optional dependency is not installed; names the feature, the extra and the exact `pip install` line."""
+
+    def __init__(self, feature: str, extra: str, packages: str):
+        self.feature, self.extra, self.packages = feature, extra, packages
+        super().__init__(f"{feature} needs the optional extra {extra!r}: pip install 'latentwire[{extra}]' "
+                         f"(or: pip install {packages})")
+
+    def __reduce__(self):
+        return type(self), (self.feature, self.extra, self.packages)
+
+
 class UnknownNameError(LatentWireError, KeyError):
     """An unknown model / protocol / method name; the message lists the valid names."""
 

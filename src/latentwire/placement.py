@@ -89,6 +89,10 @@ def parse_device(device: str | torch.device | None) -> torch.device | None:
     return dev
 
 
+# Host-side work that no model state places (text retrievers and their small encoders): always the CPU.
+HOST = torch.device("cpu")
+
+
 def default_device() -> torch.device:
     return torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 

@@ -34,7 +34,8 @@ from latentwire.message import Rows
 from latentwire.models import tiny_model, tiny_tokenizer
 from latentwire.protocols import PROTOCOLS, get_protocol
 from latentwire.protocols.pair import Translated, load_translator
-from latentwire.select import SELECTORS, always_kept, fanin_budget, get_selector, select_rows
+from latentwire.protocols.cacheback import CacheBack, document_rows
+from latentwire.select import SELECTORS, TextSelector, always_kept, fanin_budget, get_selector, select_rows
 from latentwire.state import KVState
 from latentwire.training.objective import answer_loss
 from latentwire.translate import TRANSLATORS, build
@@ -146,6 +147,14 @@ def test_agent_verbs_name_their_devices(tiny, arch):
 def test_selectors_score_on_the_states_device(finished, arch, name):
     agent, state = finished[arch]
     sel = get_selector(name)
+    if isinstance(sel, TextSelector):  # scores the document's text, through CacheBack's units: rows on the device
+        with meta_default():
+            proto = CacheBack(selector=name, ratio=4, latent_steps=0)
+            doc_state = proto.read(agent, DOC)
+            per_row, eligible = document_rows(agent, DOC, len(doc_state))
+            rows = proto.choose(agent, doc_state, QUESTION, eligible, proto.span_groups(per_row, DOC), per_row, DOC)
+            _on(doc_state.device, rows)
+        return
     if name == "kvzip" and arch == "gemma3":  # kvpress refuses Gemma3 for KVzip: the typed refusal, on any device
         with meta_default(), pytest.raises(PressUnsupportedError, match="Gemma3"):
             sel.score(agent, state, QUESTION)
@@ -177,6 +186,8 @@ PROTOCOL_CASES = {
     "latentmas_sequential": dict(latent_steps=1, max_new_tokens=2),
     "merge-bag": dict(latent_steps=1, max_new_tokens=2, render="bag", order=(1, 0)),
     "packllm": dict(max_new_tokens=3),
+    "retrieval": dict(ratio=4, max_new_tokens=2),
+    "retrieval-lexical-fixed": dict(ratio=4, max_new_tokens=2, selector="lexical", span_mode="fixed"),
     "packllm-question": dict(max_new_tokens=3, scope="question"),
 }
 

@@ -18,7 +18,8 @@ import torch
 from ..agent import KV_PROMPT, LATENT_MODES, MESSAGE_PROMPT, Agent
 from ..errors import ContextOverflowError, TaskFormatError, UnknownNameError
 from ..message import Rows
-from ..select import SELECTORS, SPAN, always_kept, fanin_budget, get_selector, select_rows, sentence_groups
+from ..select import (SELECTORS, SPAN, TextSelector, always_kept, candidate_rows, fanin_budget, fixed_spans, get_selector,
+                      select_rows, sentence_groups, unit_row_scores)
 from ..state import KVState
 from .base import QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, sender_prompt_lengths
 from .reads import Read, read
@@ -104,8 +105,9 @@ class CacheBack(Protocol):
         if self.calibration_floor <= 0:
             raise ValueError(f"calibration_floor must be > 0, got {self.calibration_floor}")
         self._selector = get_selector(self.selector, **self.selector_params)
-        if self.calibration != "none" and not self._selector.query_conditioned:
-            raise ValueError(f"calibration needs a query-conditioned selector, not {self.selector!r}")
+        if self.calibration != "none" and (not self._selector.query_conditioned
+                                           or isinstance(self._selector, TextSelector)):
+            raise ValueError(f"calibration needs a query-conditioned state selector, not {self.selector!r}")
         # stored state -> its generic background scores: follow-up questions reuse them (states are values)
         self._background: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._windowed: dict = {}  # observation window -> query-aware SnapKV selector (`selector_for`)
@@ -178,12 +180,21 @@ class CacheBack(Protocol):
         return calibrate(scores, background, self.calibration_floor)
 
     def choose(self, sender: Agent, state: KVState, question: str, eligible: torch.Tensor | None = None,
-               groups: list[list[int]] | None = None, per_row: list | None = None) -> torch.Tensor:
+               groups: list[list[int]] | None = None, per_row: list | None = None,
+               document: str | None = None) -> torch.Tensor:
         """Row indices to send for this question (re-scoring a stored state; the sender is not re-run).
-        `groups`: the span units (`span_groups`); None = fixed spans of `span` rows."""
-        scores = self.scores(sender, state, question, per_row)
-        return select_rows(scores, fanin_budget(len(state), self.ratio), always_kept(state), self.span, eligible,
-                           groups)
+        `groups`: the span units (`span_groups`); None = fixed spans of `span` rows. A text selector (lexical,
+        bm25, dense) scores those units' text: it needs `per_row` and `document`."""
+        keep = always_kept(state)
+        if isinstance(self._selector, TextSelector):
+            if per_row is None or document is None:
+                raise ValueError(f"selector {self.selector!r} scores the document's text: pass per_row and document")
+            units = groups if groups is not None else [s.tolist() for s in
+                                                       fixed_spans(candidate_rows(keep, eligible), self.span)]
+            scores = unit_row_scores(self._selector, question, per_row, document, len(state), units, state.device)
+        else:
+            scores = self.scores(sender, state, question, per_row)
+        return select_rows(scores, fanin_budget(len(state), self.ratio), keep, self.span, eligible, groups)
 
     def span_groups(self, per_row: list, document: str) -> list[list[int]] | None:
         """The span units `choose` ranks for this document: None (fixed spans) or its sentences and lines."""
@@ -241,7 +252,7 @@ class CacheBack(Protocol):
         state, t1 = r.state, time.perf_counter()
         t0 = t1 - r.seconds  # charged the read it would pay alone, shared or not
         per_row, eligible = document_rows(sender, document, len(state), self.sender_prompt(document, question))
-        rows = self.choose(sender, state, question, eligible, self.span_groups(per_row, document), per_row)
+        rows = self.choose(sender, state, question, eligible, self.span_groups(per_row, document), per_row, document)
         part = self.pack(sender, state, rows, per_row, document, index)
         # Press baselines re-run the prefill to record scores a deployed sender records while reading:
         # that re-run is not charged, the scoring inside it is.

@@ -30,6 +30,47 @@ class Selector(ABC):
         """(T,) float scores, higher = keep; only ranks matter."""
 
 
+@dataclass
+class TextSelector(Selector):
+    """Retrieval: scores the document's text units (sentences, or fixed spans of rows) against the question with
+    no LLM at all. One required method, `score_units(units, query) -> (U,)`; every row takes its unit's score
+    (`unit_row_scores`), so `select_rows` ranks exactly the units a state selector's spans would be."""
+    query_conditioned: ClassVar[bool] = True
+
+    def score(self, agent: Agent, state: KVState, query: str) -> torch.Tensor:
+        raise TypeError(f"selector {self.name!r} scores text, not states: it needs the document "
+                        "(CacheBack and retrieval pass it through `unit_row_scores`)")
+
+    @abstractmethod
+    def score_units(self, units: list[str], query: str) -> torch.Tensor:
+        """(U,) float64 scores, one per unit, higher = keep; only ranks matter."""
+
+    def prepare(self) -> None:
+        """Load what scoring needs (an encoder), once per process: a deployed retriever holds it before any
+        question, so protocols call this before they start a question's clock. Nothing by default."""
+
+
+def fixed_spans(free: torch.Tensor, span: int) -> list[torch.Tensor]:
+    """The candidate rows `free` (in order) cut into consecutive spans of `span` rows: the fixed span unit."""
+    return [free[i:i + span] for i in range(0, len(free), span)]
+
+
+def unit_row_scores(selector: TextSelector, query: str, per_row: list, document: str, n_rows: int,
+                    units: list[list[int]], device: torch.device | str) -> torch.Tensor:
+    """(n_rows,) float64 row scores from a text selector: each unit (a list of rows) is scored on the document
+    text its rows cover, and each of its rows takes that score; rows in no unit score −inf (never ranked)."""
+    texts = []
+    for unit in units:
+        spans = [per_row[r] for r in unit if r < len(per_row) and per_row[r] is not None]
+        texts.append(document[spans[0][0]:spans[-1][1]] if spans else "")
+    out = torch.full((n_rows,), -math.inf, dtype=torch.float64, device=device)
+    if units:
+        scores = selector.score_units(texts, query).to(device=device, dtype=torch.float64)  # (U,)
+        for unit, s in zip(units, scores):
+            out[unit] = s
+    return out
+
+
 def fanin_budget(T: int, ratio: float) -> int:
     """B = ceil(T / r)."""
     if ratio < 1:
@@ -72,9 +113,9 @@ def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int
         raise ValueError(f"{tuple(scores.shape)} scores for {tuple(keep.shape)} rows")
     if budget < 0 or span < 1:
         raise ValueError(f"budget must be ≥ 0 and span ≥ 1, got {budget}, {span}")
-    free = torch.nonzero(~keep if eligible is None else eligible & ~keep).flatten()  # candidate rows, in order
+    free = candidate_rows(keep, eligible)
     if groups is None:
-        spans = [free[i:i + span] for i in range(0, len(free), span)]
+        spans = fixed_spans(free, span)
     else:
         candidate = set(free.tolist())
         spans = [torch.tensor(g, dtype=torch.int64, device=scores.device) for g in
@@ -96,6 +137,11 @@ def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int
         chosen.append(rows_[start:start + left])
     rows = torch.cat([torch.nonzero(keep).flatten(), *chosen]) if chosen else torch.nonzero(keep).flatten()
     return torch.sort(rows).values
+
+
+def candidate_rows(keep: torch.Tensor, eligible: torch.Tensor | None = None) -> torch.Tensor:
+    """The rows that compete for the budget, in order: eligible (default: all) and not always kept."""
+    return torch.nonzero(~keep if eligible is None else eligible & ~keep).flatten()
 
 
 def sentence_groups(per_row: list[tuple[int, int] | None], document: str, max_len: int = 2 * SPAN) -> list[list[int]]:

@@ -13,7 +13,7 @@ from typing import Callable
 
 from ...errors import UnknownNameError
 from ..episode import Episode, load_episodes
-from . import code, facts, reasoning
+from . import aggregate, code, coref, facts, paraphrase, reasoning
 
 SEED = 0  # the seed the committed files were generated with
 # Package data (pyproject.toml [tool.setuptools.package-data]): beside this file in the source tree and in
@@ -21,8 +21,11 @@ SEED = 0  # the seed the committed files were generated with
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
 TASKS: dict[str, Callable[..., list[Episode]]] = {
+    "aggregate": aggregate.generate,
     "code": code.generate,
+    "coref": coref.generate,
     "facts": facts.generate,
+    "paraphrase": paraphrase.generate,
     "reasoning": reasoning.generate,
 }
 

@@ -1,0 +1,245 @@
+"""The honest rival: CacheBack against retrieval sent as text, per task, on the same episodes and budgets.
+
+    python benchmarks/rival.py [--cells paraphrase,coref,aggregate,facts1_500,code1] [--n 100]
+                               [--model qwen2.5-coder-0.5b] [--out docs/results/rival] [--skip-recall] [--report-only]
+
+A cell is a task (fan-in of 3 senders, one receiver, one model, default placement), run episode by episode
+over `--n` fresh episodes (seed 2026: not the shipped files), resumable. Inside an episode each sender's state
+is read once and shared by everything that starts from it (each protocol is charged the read's measured time):
+
+1. Evidence recall (`recall.jsonl`), like with like: every selector in `RECALL_SELECTORS` ranks the same
+   units (sentence spans and fixed 16-row spans) of the same sender state under the same budget
+   (CacheBack's, ceil(T / r) at r = 8 and 16), through the same `select_rows`.
+2. End to end (`records.jsonl`, the bench runner's records and config): `PROTOCOLS`. Verdicts: the
+   pre-specified `FAMILY` of paired comparisons (accuracy difference with its paired bootstrap CI, exact
+   McNemar, Holm over the cell's family, median TTEOA ratio).
+
+`README.md` in the output folder: per task, which of CacheBack / retrieval / text reports / full context
+wins (accuracy with CIs, Holm p), the recall table, and the commands.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from latent_vs_text import cell_episodes, ensure_episodes, log_command, commands  # noqa: E402
+
+from latentwire.agent import Agent  # noqa: E402
+from latentwire.bench.episode import load_episodes, span_token_positions  # noqa: E402
+from latentwire.bench.metrics import bootstrap_ci, evidence_recall, paired_bootstrap_diff  # noqa: E402
+from latentwire.bench.report import compare, read_run, verdict, with_holm, write_report  # noqa: E402
+from latentwire.bench.report import PAIRING_NOTE, VERDICT_HEADER  # noqa: E402
+from latentwire.bench.runner import (RunConfig, check_resume, finished, hardware, run_episode,  # noqa: E402
+                                     write_config)
+from latentwire.protocols import get_protocol  # noqa: E402
+from latentwire.protocols.reads import shared_reads  # noqa: E402
+from latentwire.bench.tasks import TASKS  # noqa: E402
+from latentwire.protocols.cacheback import CacheBack, document_rows, kept_document_spans  # noqa: E402
+from latentwire.select import (SPAN, TextSelector, always_kept, candidate_rows, fanin_budget, fixed_spans,  # noqa: E402
+                               select_rows, sentence_groups, unit_row_scores)
+
+OUT = Path(__file__).resolve().parents[1] / "docs" / "results" / "rival"
+CELLS = ("paraphrase", "coref", "aggregate", "facts1_500", "code1")
+CB8, CB16 = "cacheback(ratio=8)", "cacheback(ratio=16)"
+BM25, DENSE, BM25_16 = ("retrieval(selector='bm25')", "retrieval(selector='dense')",
+                        "retrieval(selector='bm25', ratio=16)")
+TEXT, TEXT8, FULLKV, FULLCTX = "text", "text(ratio=8)", "fullkv(latent_steps=8)", "fullcontext"
+PROTOCOLS = [TEXT, TEXT8, BM25, DENSE, BM25_16, CB8, CB16, FULLKV, FULLCTX]
+FAMILY = [(CB8, BM25), (CB8, DENSE), (CB8, TEXT8), (CB8, TEXT), (CB8, FULLCTX), (CB8, FULLKV), (CB16, BM25_16),
+          (BM25, TEXT), (BM25, FULLCTX), (DENSE, BM25)]  # pre-specified: the cell's Holm family
+CONTENDERS = {"CacheBack 8×": CB8, "BM25 text": BM25, "dense text": DENSE, "text reports": TEXT,
+              "full context": FULLCTX}
+RECALL_SELECTORS = ("cacheback", "mean_query", "lexical", "bm25", "dense", "random")
+RECALL_RATIOS = (8, 16)
+MODES = ("sentence", "fixed")
+
+
+def episodes_for(cell: str, n: int, seed: int) -> list:
+    if cell in TASKS:  # the people tasks: generate(seed, n) is prefix-stable in n
+        return TASKS[cell](seed, n)
+    return cell_episodes(cell, n, seed)
+
+
+def recall_row(agent: Agent, ep) -> dict:
+    """Evidence recall of every selector × span mode × ratio on this episode's sender states (read once)."""
+    reader = CacheBack(latent_steps=8)
+    gold, kept = [], {}
+    for a, doc in enumerate(ep.contexts):
+        state = reader.read(agent, doc)
+        per_row, eligible = document_rows(agent, doc, len(state))
+        keep = always_kept(state)
+        units = {"sentence": sentence_groups(per_row, doc, 2 * SPAN), "fixed": None}
+        spans = [(s.start, s.end) for s in ep.evidence if s.agent == a]
+        gold += [(a, p) for p in span_token_positions(doc, spans, agent.tokenizer)]
+        for sel in RECALL_SELECTORS:
+            proto = CacheBack(selector=sel, latent_steps=8)
+            state_scores = None if isinstance(proto._selector, TextSelector) else proto.scores(agent, state, ep.question)
+            for mode in MODES:
+                groups = units[mode]
+                if state_scores is None:
+                    cut = groups if groups is not None else [s.tolist() for s in fixed_spans(candidate_rows(
+                        keep, eligible), SPAN)]
+                    scores = unit_row_scores(proto._selector, ep.question, per_row, doc, len(state), cut, state.device)
+                else:
+                    scores = state_scores
+                for r in RECALL_RATIOS:
+                    rows = select_rows(scores, fanin_budget(len(state), r), keep, SPAN, eligible, groups)
+                    spans_kept = kept_document_spans(per_row, rows)
+                    kept.setdefault(f"{sel}/{mode}/{r}", []).extend(
+                        (a, p) for p in span_token_positions(doc, spans_kept, agent.tokenizer))
+    return {"episode": ep.id, "recall": {k: evidence_recall(gold, v) for k, v in kept.items()}}
+
+
+def run_cell(agent: Agent, folder: Path, episodes: list, model: str, recall: bool = True) -> None:
+    """Both passes, episode by episode, resumable; records and config.json as the bench runner writes them."""
+    config = RunConfig(os.path.relpath(folder / "episodes.jsonl"), ",".join(PROTOCOLS), model)
+    resolved = config.resolved(agent)
+    cfg_path, rec_path, recall_path = folder / "config.json", folder / "records.jsonl", folder / "recall.jsonl"
+    first = check_resume(cfg_path, resolved, ("task", "model", "n", "seed", "filters", "device", "dtype"))
+    protocols = {label: get_protocol(spec["name"], **spec["params"]) for label, spec in resolved["protocols"].items()}
+    done = finished(rec_path, "episode")
+    recalled = {json.loads(line)["episode"] for line in recall_path.read_text().splitlines() if line.strip()} \
+        if recall_path.exists() else set()
+    run_id = write_config(cfg_path, first, resolved, {"episodes": [e.id for e in episodes]})["run"]
+    with rec_path.open("a", encoding="utf-8") as f, recall_path.open("a", encoding="utf-8") as g:
+        for i, ep in enumerate(episodes):
+            with shared_reads():
+                if recall and ep.id not in recalled:
+                    g.write(json.dumps(recall_row(agent, ep)) + "\n")
+                    g.flush()
+                for label, protocol in protocols.items():
+                    if (ep.id, label) not in done:
+                        f.write(json.dumps(run_episode(protocol, label, ep, agent) | {"run": run_id},
+                                           ensure_ascii=False) + "\n")
+                        f.flush()
+            print(f"  {folder.name}: episode {i + 1}/{len(episodes)}", flush=True)
+
+
+def recall_table(folder: Path, episodes: list) -> list[str]:
+    path = folder / "recall.jsonl"
+    if not path.exists():
+        return []
+    ids = {e.id for e in episodes}
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if r["episode"] in ids and all(v is not None for v in r["recall"].values())]
+    if not rows:
+        return []
+    lines = [f"Evidence recall ({len(rows)} episodes; mean [95% bootstrap CI]); every selector ranks the same units "
+             "of the same sender state under CacheBack's budget:", "",
+             "| selector | " + " | ".join(f"{m} {r}×" for r in RECALL_RATIOS for m in MODES) + " |",
+             "|---|" + "---:|" * (len(MODES) * len(RECALL_RATIOS))]
+    for sel in RECALL_SELECTORS:
+        cells = []
+        for r in RECALL_RATIOS:
+            for m in MODES:
+                m_, lo, hi = bootstrap_ci([row["recall"][f"{sel}/{m}/{r}"] for row in rows])
+                cells.append(f"{m_:.2f} [{lo:.2f}, {hi:.2f}]")
+        lines.append(f"| {sel} | " + " | ".join(cells) + " |")
+    for r in RECALL_RATIOS:  # the goal's matched pair: CacheBack against BM25, sentence spans
+        a = [row["recall"][f"cacheback/sentence/{r}"] for row in rows]
+        b = [row["recall"][f"bm25/sentence/{r}"] for row in rows]
+        d, lo, hi = paired_bootstrap_diff(a, b)
+        lines.append(f"\nCacheBack − BM25 at {r}×, sentence spans (paired): {100 * d:+.0f} pp "
+                     f"[{100 * lo:+.0f}, {100 * hi:+.0f}]")
+    return lines
+
+
+def cell_summary(folder: Path) -> tuple[list[str], list[dict], dict]:
+    """Winner row pieces, the family's comparisons (Holm within the cell) and accuracy per contender."""
+    config, records = read_run(folder)
+    ran = set(config["config"]["protocols"])
+    comps = with_holm([c for a, b in FAMILY if a in ran and b in ran and (c := compare(records, a, b))])
+    acc = {}
+    for name, label in CONTENDERS.items():
+        vals = [r["accuracy"] for r in records if r["protocol"] == label]
+        if vals:
+            tt = [r["tteoa"] for r in records if r["protocol"] == label and r.get("tteoa")]
+            acc[name] = (bootstrap_ci(vals), len(vals), statistics.median(tt) if tt else None)
+    return sorted(ran), comps, acc
+
+
+def winner_row(task: str, comps: list[dict], acc: dict) -> str:
+    if not acc:
+        return f"| {task} | not run yet |"
+    best = max(acc, key=lambda k: acc[k][0][0])
+    n = min(v[1] for v in acc.values())
+    cells = " | ".join(f"{'**' if k == best else ''}{v[0][0]:.2f}{'**' if k == best else ''} "
+                       f"[{v[0][1]:.2f}, {v[0][2]:.2f}], {v[2]:.1f} s" if v[2] else f"{v[0][0]:.2f}"
+                       for k, v in acc.items())
+    c = next((c for c in comps if c["a"] == CB8 and c["b"] == BM25), None)
+    goal = "—" if c is None else "{:+.0f} pp [{:+.0f}, {:+.0f}], Holm p {:.2g}".format(
+        *(100 * x for x in c["diff"]), c["p_holm"])
+    return f"| {task} | {n} | {cells} | {goal} |"
+
+
+def write_index(out: Path, cells: list[str], n: int, seed: int) -> None:
+    head = ("| task | n | " + " | ".join(f"{k} (acc [CI], median TTEOA)" for k in CONTENDERS)
+            + " | CacheBack 8× − BM25 text |")
+    lines = ["# The honest rival: CacheBack against retrieval sent as text", "",
+             "Fan-in of 3 senders, Qwen2.5-Coder-0.5B-Instruct for every agent, default placement. Bold marks the "
+             "highest accuracy only; a difference counts where its Holm p (over the cell's pre-specified family of "
+             "verdicts, below) is ≤ 0.05.", "", head, "|---|---:|" + "---|" * (len(CONTENDERS) + 1)]
+    details, environments = [], set()
+    for cell in cells:
+        folder = out / cell
+        if not (folder / "records.jsonl").exists():
+            lines.append(f"| {cell} | not run yet |")
+            continue
+        _, comps, acc = cell_summary(folder)
+        config, _ = read_run(folder)
+        environments.add(f"{config['config']['dtype']} on {hardware(config['environment'])}")
+        lines.append(winner_row(cell, comps, acc))
+        eps = load_episodes(folder / "episodes.jsonl")
+        done = {r["episode"] for r in read_run(folder)[1]}
+        details += ["", f"## {cell}", "", f"{len(done)} of {len(eps)} episodes run end to end; full report: "
+                    f"[{cell}/report.md]({cell}/report.md).", "", VERDICT_HEADER[0], VERDICT_HEADER[1]]
+        details += [verdict(c) for c in comps] + [""] + recall_table(folder, eps)
+        details += ["", "Commands: `" + "`, then `".join(commands(folder)) + "`"]
+    lines += ["", "Ran in " + "; ".join(sorted(environments)) + "." if environments else "",
+              "", "Holm p: McNemar p adjusted over the cell's family (the rows of its section below). "
+              + PAIRING_NOTE] + details
+    (out / "README.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[:len(cells) + 8]))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--n", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--cells", default=",".join(CELLS))
+    ap.add_argument("--dtype", default=None, help="default: latentwire's choice for this machine")
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--skip-recall", action="store_true", help="only the end-to-end pass")
+    ap.add_argument("--report-only", action="store_true", help="rewrite the reports from the records")
+    args = ap.parse_args()
+    cells = args.cells.split(",")
+    unknown = sorted(set(cells) - set(CELLS))
+    if unknown:
+        sys.exit(f"unknown cells {unknown}; valid: {', '.join(CELLS)}")
+    cmd = " ".join(["python benchmarks/rival.py"] + sys.argv[1:])
+    agent = None
+    for cell in cells:
+        folder = args.out / cell
+        if not args.report_only:
+            folder.mkdir(parents=True, exist_ok=True)
+            episodes = episodes_for(cell, args.n, args.seed)
+            ensure_episodes(folder / "episodes.jsonl", episodes)
+            log_command(folder, cmd)
+            if agent is None:
+                agent = Agent.from_pretrained(args.model, dtype=args.dtype)
+            print(f"== {cell}: {args.n} episodes, {len(PROTOCOLS)} protocols -> {folder}", flush=True)
+            run_cell(agent, folder, episodes, args.model, not args.skip_recall)
+        if (folder / "records.jsonl").exists():
+            config, _ = read_run(folder)
+            write_report(folder, [p for p in FAMILY if p[0] in config["config"]["protocols"]])
+    write_index(args.out, list(CELLS), args.n, args.seed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""BM25 (Okapi, Lucene variant, via `bm25s`): the units of one document are the corpus, the question the query.
+
+Terms are `lexical.words` minus `lexical.STOPWORDS`, Snowball-stemmed ("plays" and "play" meet), so the
+only difference from the lexical selector is term weighting (IDF over the document's own units, term
+frequency saturation `k1`, length normalisation `b`) and stemming. Ties are left to `select_rows`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+
+from ..placement import HOST
+from .base import TextSelector, register
+from .lexical import STOPWORDS, words
+
+
+@lru_cache(maxsize=4)
+def _stemmer(language: str):
+    import Stemmer  # PyStemmer, a dependency of latentwire
+
+    return Stemmer.Stemmer(language)
+
+
+def terms(text: str, stem: bool = True) -> list[str]:
+    """BM25 terms of `text`: content words, stemmed (English Snowball) when `stem`."""
+    ws = [w for w in words(text) if w not in STOPWORDS]
+    return _stemmer("english").stemWords(ws) if stem and ws else ws
+
+
+@register
+@dataclass
+class BM25Selector(TextSelector):
+    name = "bm25"
+    k1: float = 1.5  # term-frequency saturation
+    b: float = 0.75  # length normalisation (0 = none, 1 = full)
+    stem: bool = True
+
+    def __post_init__(self):
+        if not 0 <= self.k1 < float("inf"):
+            raise ValueError(f"k1 must be a finite number ≥ 0, got {self.k1!r}")
+        if not 0 <= self.b <= 1:
+            raise ValueError(f"b must be in [0, 1], got {self.b!r}")
+
+    def score_units(self, units: list[str], query: str) -> torch.Tensor:
+        import bm25s
+
+        corpus = [terms(u, self.stem) for u in units]
+        if not any(corpus):  # bm25s cannot index a corpus without a single term
+            return torch.zeros(len(units), dtype=torch.float64, device=HOST)
+        index = bm25s.BM25(k1=self.k1, b=self.b, method="lucene")
+        index.index(corpus, show_progress=False)
+        return torch.as_tensor(index.get_scores(terms(query, self.stem)), dtype=torch.float64, device=HOST)

