@@ -41,20 +41,24 @@ from latentwire.protocols.reads import shared_reads  # noqa: E402
 from latentwire.bench.tasks import TASKS  # noqa: E402
 from latentwire.protocols.cacheback import CacheBack, document_rows, kept_document_spans  # noqa: E402
 from latentwire.select import (SPAN, TextSelector, always_kept, candidate_rows, fanin_budget, fixed_spans,  # noqa: E402
-                               select_rows, sentence_groups, unit_row_scores)
+                               fused_row_scores, select_rows, sentence_groups, unit_ranks, unit_row_scores)
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "results" / "rival"
 CELLS = ("paraphrase", "coref", "aggregate", "facts1_500", "code1")
 CB8, CB16 = "cacheback(ratio=8)", "cacheback(ratio=16)"
+CBX8 = "cacheback_x(ratio=8)"  # CacheBack's selection, its rows' text delivered as spans (no first or latent rows)
+CBG8 = "cacheback(ratio=8, calibration='generic')"  # the candidate default: scores ÷ a content-free query's
 BM25, DENSE, BM25_16 = ("retrieval(selector='bm25')", "retrieval(selector='dense')",
                         "retrieval(selector='bm25', ratio=16)")
 TEXT, TEXT8, FULLKV, FULLCTX = "text", "text(ratio=8)", "fullkv(latent_steps=8)", "fullcontext"
-PROTOCOLS = [TEXT, TEXT8, BM25, DENSE, BM25_16, CB8, CB16, FULLKV, FULLCTX]
+PROTOCOLS = [TEXT, TEXT8, BM25, DENSE, BM25_16, CB8, CB16, CBX8, CBG8, FULLKV, FULLCTX]
 FAMILY = [(CB8, BM25), (CB8, DENSE), (CB8, TEXT8), (CB8, TEXT), (CB8, FULLCTX), (CB8, FULLKV), (CB16, BM25_16),
-          (BM25, TEXT), (BM25, FULLCTX), (DENSE, BM25)]  # pre-specified: the cell's Holm family
-CONTENDERS = {"CacheBack 8×": CB8, "BM25 text": BM25, "dense text": DENSE, "text reports": TEXT,
-              "full context": FULLCTX}
-RECALL_SELECTORS = ("cacheback", "mean_query", "lexical", "bm25", "dense", "random")
+          (CBX8, BM25), (CBX8, CB8), (CBG8, CB8), (CBG8, BM25), (BM25, TEXT), (BM25, FULLCTX),
+          (DENSE, BM25)]  # pre-specified: the cell's Holm family
+CONTENDERS = {"CacheBack 8×": CB8, "CacheBack 8× spans": CBX8, "BM25 text": BM25, "dense text": DENSE,
+              "text reports": TEXT, "full context": FULLCTX}
+RECALL_SELECTORS = ("cacheback", "cacheback+generic", "mean_query", "lexical", "bm25", "dense", "random")
+FUSED = (("cacheback", "bm25"), ("cacheback", "dense"))  # CacheBack(fuse=...): reciprocal rank fusion of units
 RECALL_RATIOS = (8, 16)
 MODES = ("sentence", "fixed")
 
@@ -66,33 +70,52 @@ def episodes_for(cell: str, n: int, seed: int) -> list:
 
 
 def recall_row(agent: Agent, ep) -> dict:
-    """Evidence recall of every selector × span mode × ratio on this episode's sender states (read once)."""
+    """Evidence recall of every selector (and `FUSED` pair) × span mode × ratio on this episode's sender states,
+    each read once."""
     reader = CacheBack(latent_steps=8)
     gold, kept = [], {}
     for a, doc in enumerate(ep.contexts):
         state = reader.read(agent, doc)
         per_row, eligible = document_rows(agent, doc, len(state))
         keep = always_kept(state)
-        units = {"sentence": sentence_groups(per_row, doc, 2 * SPAN), "fixed": None}
         spans = [(s.start, s.end) for s in ep.evidence if s.agent == a]
         gold += [(a, p) for p in span_token_positions(doc, spans, agent.tokenizer)]
-        for sel in RECALL_SELECTORS:
-            proto = CacheBack(selector=sel, latent_steps=8)
-            state_scores = None if isinstance(proto._selector, TextSelector) else proto.scores(agent, state, ep.question)
-            for mode in MODES:
-                groups = units[mode]
-                if state_scores is None:
-                    cut = groups if groups is not None else [s.tolist() for s in fixed_spans(candidate_rows(
-                        keep, eligible), SPAN)]
-                    scores = unit_row_scores(proto._selector, ep.question, per_row, doc, len(state), cut, state.device)
-                else:
-                    scores = state_scores
+        protos = {sel: CacheBack.variant(sel, latent_steps=8) for sel in RECALL_SELECTORS}
+        attention = {sel: p.scores(agent, state, ep.question) for sel, p in protos.items()
+                     if not isinstance(p._selector, TextSelector)}
+        for mode in MODES:
+            groups = sentence_groups(per_row, doc, 2 * SPAN) if mode == "sentence" else None
+            units = groups if groups is not None else [s.tolist() for s in fixed_spans(candidate_rows(keep, eligible),
+                                                                                       SPAN)]
+            scores = {sel: attention[sel] if sel in attention else unit_row_scores(
+                p._selector, ep.question, per_row, doc, len(state), units, state.device) for sel, p in protos.items()}
+            for a_sel, t_sel in FUSED:
+                scores[f"{a_sel}⊕{t_sel}"] = fused_row_scores([unit_ranks(scores[a_sel], units),
+                                                              unit_ranks(scores[t_sel], units)], units, len(state),
+                                                             60.0, state.device)
+            for sel, sc in scores.items():
                 for r in RECALL_RATIOS:
-                    rows = select_rows(scores, fanin_budget(len(state), r), keep, SPAN, eligible, groups)
-                    spans_kept = kept_document_spans(per_row, rows)
+                    rows = select_rows(sc, fanin_budget(len(state), r), keep, SPAN, eligible, groups)
                     kept.setdefault(f"{sel}/{mode}/{r}", []).extend(
-                        (a, p) for p in span_token_positions(doc, spans_kept, agent.tokenizer))
+                        (a, p) for p in span_token_positions(doc, kept_document_spans(per_row, rows), agent.tokenizer))
     return {"episode": ep.id, "recall": {k: evidence_recall(gold, v) for k, v in kept.items()}}
+
+
+def read_recall(path: Path, repair: bool = False) -> list[dict]:
+    """recall.jsonl's rows; with `repair` (before a run resumes) a line cut short by an interrupted run is
+    dropped from the file, so that episode reruns."""
+    if not path.exists():
+        return []
+    rows, good = [], []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+            good.append(line)
+        except json.JSONDecodeError:
+            continue
+    if repair:
+        path.write_text("".join(line + "\n" for line in good))
+    return rows
 
 
 def run_cell(agent: Agent, folder: Path, episodes: list, model: str, recall: bool = True) -> None:
@@ -103,8 +126,7 @@ def run_cell(agent: Agent, folder: Path, episodes: list, model: str, recall: boo
     first = check_resume(cfg_path, resolved, ("task", "model", "n", "seed", "filters", "device", "dtype"))
     protocols = {label: get_protocol(spec["name"], **spec["params"]) for label, spec in resolved["protocols"].items()}
     done = finished(rec_path, "episode")
-    recalled = {json.loads(line)["episode"] for line in recall_path.read_text().splitlines() if line.strip()} \
-        if recall_path.exists() else set()
+    recalled = {r["episode"] for r in read_recall(recall_path, repair=True)}
     run_id = write_config(cfg_path, first, resolved, {"episodes": [e.id for e in episodes]})["run"]
     with rec_path.open("a", encoding="utf-8") as f, recall_path.open("a", encoding="utf-8") as g:
         for i, ep in enumerate(episodes):
@@ -121,31 +143,36 @@ def run_cell(agent: Agent, folder: Path, episodes: list, model: str, recall: boo
 
 
 def recall_table(folder: Path, episodes: list) -> list[str]:
-    path = folder / "recall.jsonl"
-    if not path.exists():
-        return []
     ids = {e.id for e in episodes}
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if r["episode"] in ids and all(v is not None for v in r["recall"].values())]
+    rows = [r for r in read_recall(folder / "recall.jsonl") if r["episode"] in ids]
+    keys = list(dict.fromkeys(k.split("/")[0] for r in rows for k in r["recall"]))
     if not rows:
         return []
-    lines = [f"Evidence recall ({len(rows)} episodes; mean [95% bootstrap CI]); every selector ranks the same units "
-             "of the same sender state under CacheBack's budget:", "",
+
+    def values(key: str) -> dict[str, float]:
+        return {r["episode"]: r["recall"][key] for r in rows if r["recall"].get(key) is not None}
+
+    lines = [f"Evidence recall (mean [95% bootstrap CI] over the episodes with gold evidence, n = {len(rows)}; "
+             "every selector ranks the same units of the same sender state under CacheBack's budget; ⊕ = reciprocal "
+             "rank fusion of the two rankings, `cacheback(fuse=...)`):", "",
              "| selector | " + " | ".join(f"{m} {r}×" for r in RECALL_RATIOS for m in MODES) + " |",
              "|---|" + "---:|" * (len(MODES) * len(RECALL_RATIOS))]
-    for sel in RECALL_SELECTORS:
+    for sel in keys:
         cells = []
         for r in RECALL_RATIOS:
             for m in MODES:
-                m_, lo, hi = bootstrap_ci([row["recall"][f"{sel}/{m}/{r}"] for row in rows])
-                cells.append(f"{m_:.2f} [{lo:.2f}, {hi:.2f}]")
+                v = list(values(f"{sel}/{m}/{r}").values())
+                cells.append("—" if not v else "{:.2f} [{:.2f}, {:.2f}]".format(*bootstrap_ci(v)))
         lines.append(f"| {sel} | " + " | ".join(cells) + " |")
-    for r in RECALL_RATIOS:  # the goal's matched pair: CacheBack against BM25, sentence spans
-        a = [row["recall"][f"cacheback/sentence/{r}"] for row in rows]
-        b = [row["recall"][f"bm25/sentence/{r}"] for row in rows]
-        d, lo, hi = paired_bootstrap_diff(a, b)
-        lines.append(f"\nCacheBack − BM25 at {r}×, sentence spans (paired): {100 * d:+.0f} pp "
-                     f"[{100 * lo:+.0f}, {100 * hi:+.0f}]")
+    lines.append("")
+    for a_sel, b_sel in (("cacheback", "bm25"), ("cacheback", "dense"), ("cacheback⊕dense", "dense")):
+        for r in RECALL_RATIOS:
+            a, b = values(f"{a_sel}/sentence/{r}"), values(f"{b_sel}/sentence/{r}")
+            both = sorted(set(a) & set(b))
+            if both:
+                d, lo, hi = paired_bootstrap_diff([a[e] for e in both], [b[e] for e in both])
+                lines.append(f"- {a_sel} − {b_sel} at {r}×, sentence spans (paired, n = {len(both)}): "
+                             f"{100 * d:+.0f} pp [{100 * lo:+.0f}, {100 * hi:+.0f}]")
     return lines
 
 

@@ -183,3 +183,36 @@ def test_the_people_tasks_defeat_word_overlap(agent_for, task):
         from latentwire.bench.tasks import facts
 
         assert _lexical_recall(agent, facts.episodes(7, 12, tokens=500, senders=3, hops=1)) >= 0.8
+
+
+def test_unit_ranks_share_ties_and_fusion_orders_by_both():
+    from latentwire.select import fused_row_scores, unit_ranks
+
+    units = [[0, 1], [2], [3, 4]]
+    scores = torch.tensor([1.0, 3.0, 2.0, 5.0, -1.0], dtype=torch.float64)  # unit means 2, 2, 2
+    assert unit_ranks(scores, units).tolist() == [1.0, 1.0, 1.0]
+    a, b = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([3.0, 1.0, 2.0])
+    fused = fused_row_scores([a, b], units, 6, 60.0, scores.device)
+    assert fused[5] == float("-inf") and fused[0] == fused[1]
+    # unit 1 (ranks 2 and 1) beats unit 0 (1 and 3) and unit 2 (3 and 2)
+    assert fused[2] > fused[0] > fused[3]
+
+
+def test_cacheback_fuse_breaks_text_ties_with_attention(agent_for):
+    """With every unit tied on BM25, the fused ranking is the attention ranking: the same whole units are sent as
+    without fusion (only the cut of the last, partly sent unit may differ: fused rows of a unit share one score)."""
+    agent = agent_for("qwen2")
+    doc = "She plays the cello. He plays the oboe. She plays the harp. He plays the flute."
+    q = "Who plays?"
+    fused = CacheBack(ratio=4, latent_steps=0, fuse="bm25")
+    plain = CacheBack(ratio=4, latent_steps=0)
+    state = plain.read(agent, doc)
+    per_row, eligible = document_rows(agent, doc, len(state))
+    groups = plain.span_groups(per_row, doc)
+    got = set(fused.choose(agent, state, q, eligible, groups, per_row, doc).tolist())
+    want = set(plain.choose(agent, state, q, eligible, groups, per_row, doc).tolist())
+    assert [g for g in groups if set(g) <= got] == [g for g in groups if set(g) <= want]
+    with pytest.raises(UnknownNameError, match="bm25"):
+        CacheBack(fuse="snapkv")
+    with pytest.raises(ValueError):
+        CacheBack(selector="bm25", fuse="dense")

@@ -167,10 +167,33 @@ def test_coref_evidence_names_the_target_only_by_pronoun_or_nickname(fresh):
         tie = rel_words & content_words(ev)
         same = [t for t in SENTENCE_END.split(ctx.replace("\n\n", " ")) if rel_words & content_words(t) == tie]
         assert tie and len(same) >= 4, e.id
-        assert len(e.meta["people_per_sender"]) == 3 and all(5 <= k <= 6 for k in e.meta["people_per_sender"])
+        per = e.meta["people_per_sender"]
+        assert len(per) == 3 and per[s.agent] == 9, e.id  # the evidence sender: 9 short paragraphs
+        assert all(5 <= k <= 6 for a, k in enumerate(per) if a != s.agent), e.id
         for c, k in zip(e.contexts, e.meta["people_per_sender"]):  # one paragraph per person
             assert sum(p.split()[0] in FIRST for p in c.split("\n\n")) == k
     assert via == {"pronoun": 72, "alias": 48}
+
+
+def test_coref_evidence_sender_holds_about_twice_an_8x_budget_of_ties(fresh):
+    """At least 8 sentences of the evidence sender hold the question's relation words (the evidence ties with
+    them), ~2x the ~45 tokens a retriever keeps of its ~330 at 8x; its paragraphs are short, with at most one
+    filler sentence, and every asked value in the episode is distinct."""
+    for e in fresh["coref"]:
+        first, last = _target(e.question)
+        (s,), (ev,) = e.evidence, e.evidence_text()
+        ctx = e.contexts[s.agent]
+        rel_words = content_words(e.question) - {first.lower(), last.lower()}
+        tie = rel_words & content_words(ev)
+        sentences = SENTENCE_END.split(ctx.replace("\n\n", " "))
+        assert sum(tie <= content_words(t) for t in sentences) >= 8, e.id
+        paragraphs = ctx.split("\n\n")
+        people_paragraphs = [p for p in paragraphs if p.split()[0] in FIRST]
+        assert len(people_paragraphs) == 9 and len(paragraphs) - 9 <= 1, e.id
+        assert all(len(SENTENCE_END.split(p)) <= 3 for p in people_paragraphs), e.id
+        rel = people.BY_NAME[e.meta["qtype"]]
+        stated = [v for v in rel.values if _occurrences(v, e.contexts)]
+        assert len(stated) == sum(e.meta["people_per_sender"]), e.id  # one distinct value per person
 
 
 def test_aggregate_parts_spread_over_senders_and_no_question_word(fresh):

@@ -18,8 +18,8 @@ import torch
 from ..agent import KV_PROMPT, LATENT_MODES, MESSAGE_PROMPT, Agent
 from ..errors import ContextOverflowError, TaskFormatError, UnknownNameError
 from ..message import Rows
-from ..select import (SELECTORS, SPAN, TextSelector, always_kept, candidate_rows, fanin_budget, fixed_spans, get_selector,
-                      select_rows, sentence_groups, unit_row_scores)
+from ..select import (SELECTORS, SPAN, TextSelector, always_kept, candidate_rows, fanin_budget, fixed_spans,
+                      fused_row_scores, get_selector, select_rows, sentence_groups, unit_ranks, unit_row_scores)
 from ..state import KVState
 from .base import QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, sender_prompt_lengths
 from .reads import Read, read
@@ -74,6 +74,11 @@ class CacheBack(Protocol):
     # "thing" (same length and shape, one more scoring pass per question). See `calibrate`.
     calibration: str = "none"
     calibration_floor: float = 0.05  # κ: background scores below κ·mean(background) count as κ·mean
+    # A text selector ("lexical", "bm25", "dense") whose unit ranks are fused with the selector's by reciprocal
+    # rank fusion (`fused_row_scores`, constant `fuse_k`): attention breaks the ties word overlap cannot (whose
+    # "she"), the retriever finds what a small model's attention misses (paraphrase). None: no fusion.
+    fuse: str | None = None
+    fuse_k: float = 60.0
     # The sender reads the question with its document (kvpress's query-aware setting). With a
     # receiver-agnostic selector (snapkv) this is the strongest baseline that sees the question without
     # a receiver query; the stored state then serves that one question only. SnapKV then observes the
@@ -105,6 +110,16 @@ class CacheBack(Protocol):
         if self.calibration_floor <= 0:
             raise ValueError(f"calibration_floor must be > 0, got {self.calibration_floor}")
         self._selector = get_selector(self.selector, **self.selector_params)
+        self._fuse = None
+        if self.fuse is not None:
+            if self.fuse not in SELECTORS or not issubclass(SELECTORS[self.fuse], TextSelector):
+                raise UnknownNameError("text selector to fuse", self.fuse,
+                                       [n for n in SELECTORS.names() if issubclass(SELECTORS[n], TextSelector)])
+            if isinstance(self._selector, TextSelector):
+                raise ValueError(f"fuse= combines a state selector with a text one; {self.selector!r} is a text selector")
+            if not self.fuse_k > 0:
+                raise ValueError(f"fuse_k must be > 0, got {self.fuse_k!r}")
+            self._fuse = get_selector(self.fuse)
         if self.calibration != "none" and (not self._selector.query_conditioned
                                            or isinstance(self._selector, TextSelector)):
             raise ValueError(f"calibration needs a query-conditioned state selector, not {self.selector!r}")
@@ -186,14 +201,20 @@ class CacheBack(Protocol):
         `groups`: the span units (`span_groups`); None = fixed spans of `span` rows. A text selector (lexical,
         bm25, dense) scores those units' text: it needs `per_row` and `document`."""
         keep = always_kept(state)
-        if isinstance(self._selector, TextSelector):
+        text = self._fuse if self._fuse is not None else (
+            self._selector if isinstance(self._selector, TextSelector) else None)
+        if text is None:
+            scores = self.scores(sender, state, question, per_row)
+        else:
             if per_row is None or document is None:
-                raise ValueError(f"selector {self.selector!r} scores the document's text: pass per_row and document")
+                raise ValueError(f"selector {text.name!r} scores the document's text: pass per_row and document")
             units = groups if groups is not None else [s.tolist() for s in
                                                        fixed_spans(candidate_rows(keep, eligible), self.span)]
-            scores = unit_row_scores(self._selector, question, per_row, document, len(state), units, state.device)
-        else:
-            scores = self.scores(sender, state, question, per_row)
+            scores = unit_row_scores(text, question, per_row, document, len(state), units, state.device)
+            if self._fuse is not None:
+                attention = self.scores(sender, state, question, per_row)
+                scores = fused_row_scores([unit_ranks(attention, units), unit_ranks(scores, units)], units,
+                                          len(state), self.fuse_k, state.device)
         return select_rows(scores, fanin_budget(len(state), self.ratio), keep, self.span, eligible, groups)
 
     def span_groups(self, per_row: list, document: str) -> list[list[int]] | None:

@@ -71,6 +71,23 @@ def unit_row_scores(selector: TextSelector, query: str, per_row: list, document:
     return out
 
 
+def unit_ranks(scores: torch.Tensor, units: list) -> torch.Tensor:
+    """(U,) float64 competition ranks (1 = best; tied units share the better rank) of each unit's mean row score."""
+    means = torch.stack([scores[u].double().mean() for u in units]) if units else scores.new_zeros(0).double()
+    return 1.0 + (means[None, :] > means[:, None]).sum(dim=1).double()  # (U,)
+
+
+def fused_row_scores(rank_lists: list[torch.Tensor], units: list, n_rows: int, k: float,
+                     device: torch.device | str) -> torch.Tensor:
+    """Reciprocal rank fusion at the unit level: each unit scores Σ_i 1 / (k + rank_i), and each of its rows takes
+    that score (rows in no unit: −inf). k = 60 is the usual constant: a top rank counts, the tail flattens."""
+    out = torch.full((n_rows,), -math.inf, dtype=torch.float64, device=device)
+    fused = sum(1.0 / (k + r.to(device=device, dtype=torch.float64)) for r in rank_lists)  # (U,)
+    for unit, s in zip(units, fused):
+        out[unit] = s
+    return out
+
+
 def fanin_budget(T: int, ratio: float) -> int:
     """B = ceil(T / r)."""
     if ratio < 1:
