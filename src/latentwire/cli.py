@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -90,13 +91,17 @@ def _demo(args) -> int:
 
     from .demo import run_demo
 
+    from .protocols import get_protocol
+
+    protocols = {"alone": {}, "text": {},
+                 "fullkv": {"latent_steps": args.latent_steps, "latent_mode": args.latent_mode},
+                 "cacheback": {"ratio": args.ratio, "latent_steps": args.latent_steps, "latent_mode": args.latent_mode}}
+    for name, params in protocols.items():  # a bad --ratio or --latent-steps fails here, before the model loads
+        get_protocol(name, **params)
     hf_logging.disable_progress_bar()
     print(f"loading {args.model} ...", flush=True)
     agent = _load_agent(args)
     print(f"running on {agent.device} in {str(agent.dtype).removeprefix('torch.')}", flush=True)
-    protocols = {"alone": {}, "text": {},
-                 "fullkv": {"latent_steps": args.latent_steps, "latent_mode": args.latent_mode},
-                 "cacheback": {"ratio": args.ratio, "latent_steps": args.latent_steps, "latent_mode": args.latent_mode}}
     rows = []
     for ep, out in run_demo(agent, protocols, args.senders, progress=lambda xs, desc: tqdm(xs, desc=desc)):
         ok = ep.gold.lower() in out.answer.lower()
@@ -151,7 +156,25 @@ def _bench_run(args) -> int:
                        device=args.device, dtype=args.dtype)
     out = run(config, args.out)
     print(f"records in {out / 'records.jsonl'}; report with: latentwire bench report {out}")
+    errors = error_summary(out / "records.jsonl")
+    if errors:
+        print("episodes that failed with a typed error (scored as wrong answers):\n" + errors, file=sys.stderr)
     return 0
+
+
+def error_summary(records: Path) -> str:
+    """One line per (protocol, error type) with its count and first message; empty when no record failed."""
+    import json
+    from collections import Counter
+
+    counts, first = Counter(), {}
+    for line in records.read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line) if line.strip() else {}
+        if rec.get("error"):
+            key = (rec["protocol"], rec["error"].split(":", 1)[0])
+            counts[key] += 1
+            first.setdefault(key, rec["error"])
+    return "\n".join(f"  {p}: {n} × {kind} (first: {first[(p, kind)][:160]})" for (p, kind), n in sorted(counts.items()))
 
 
 def _bench_report(args) -> int:
@@ -220,6 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The `latentwire` parser with every sub-command; each option's help shows its default."""
     parser = argparse.ArgumentParser(prog="latentwire", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress messages (INFO level)")
+    parser.add_argument("--version", action="version", version=f"latentwire {_version()}")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("models", help="list bundled models, their geometry and install state").set_defaults(fn=_models)
     check = sub.add_parser("check", help="does latentwire work on this model? its geometry, then the laws it "
@@ -324,6 +348,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("latentwire")
+    except PackageNotFoundError:  # a source tree on sys.path, not installed
+        return "(not installed)"
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(name)s: %(message)s")
@@ -332,6 +365,10 @@ def main(argv=None) -> int:
     except LatentWireError as e:
         print(f"latentwire: error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `latentwire models | head`: the reader left; stop quietly, as Unix tools do
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # no second BrokenPipeError when Python flushes stdout at exit
+        return 141
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def run_demo(agent: Agent, protocols: dict[str, dict], n_senders: int = 3,
     """Yield (episode, outcome) for every protocol × episode whose source is among the senders."""
     docs = DOCUMENTS[:n_senders]
     episodes = [e for e in EPISODES if e.source < n_senders]
-    for name, params in protocols.items():
-        protocol = get_protocol(name, **params)
+    built = {name: get_protocol(name, **params) for name, params in protocols.items()}  # every parameter, first
+    for name, protocol in built.items():
         for ep in (progress(episodes, desc=name) if progress else episodes):
             yield ep, protocol.run([agent] * len(docs), docs, agent, ep.question)

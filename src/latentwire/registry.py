@@ -12,7 +12,10 @@ It imports nothing from the rest of latentwire but `errors`, so any layer may us
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import types
+import typing
 from typing import Any, Callable, Iterable, TypeVar
 
 from .errors import ConfigError, LatentWireError, UnknownNameError, UnknownParameterError
@@ -39,10 +42,49 @@ def check_parameters(kind: str, name: str, target: Callable, params: Iterable[st
             raise UnknownParameterError(kind, name, p, valid)
 
 
+_SCALARS = (bool, int, float, str)
+
+
+def _scalar_types(annotation) -> tuple[type, ...] | None:
+    """The scalar types a field annotated `annotation` accepts (None among them for Optional), or None when
+    the annotation is not a plain scalar or an optional one (dicts, paths, unions of objects: not checked)."""
+    if annotation in _SCALARS:
+        return (annotation,)
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = typing.get_args(annotation)
+        if all(a in _SCALARS or a is type(None) for a in args):
+            return tuple(args)
+    return None
+
+
+def check_types(kind: str, name: str, target: Callable, params: dict) -> None:
+    """ConfigError for a parameter whose value has the wrong scalar type for a dataclass field (`ratio="8"`),
+    before any range check compares it: an int is a float, a bool is neither."""
+    if not dataclasses.is_dataclass(target):
+        return
+    try:
+        hints = typing.get_type_hints(target)
+    except (NameError, TypeError):  # an annotation that does not resolve here: leave it to the class
+        return
+    for key, value in params.items():
+        allowed = _scalar_types(hints.get(key))
+        if allowed is None:
+            continue
+        ok = (value is None and type(None) in allowed) or (
+            isinstance(value, bool) if bool in allowed else not isinstance(value, bool) and (
+                isinstance(value, tuple(t for t in allowed if t is not type(None)))
+                or (float in allowed and isinstance(value, int))))
+        if not ok:
+            want = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
+            raise ConfigError(f"{kind} {name}: {key} must be {want}, got {value!r} ({type(value).__name__})")
+
+
 def construct(kind: str, name: str, target: Callable[..., Any], *args, **params) -> Any:
-    """`target(*args, **params)` with a checked parameter list; a plain TypeError or ValueError it raises
-    (a range check in `__post_init__`) becomes a ConfigError prefixed by `kind name`."""
+    """`target(*args, **params)` with a checked parameter list and scalar types (`check_types`); a plain
+    TypeError or ValueError it raises (a range check in `__post_init__`) becomes a ConfigError prefixed by
+    `kind name`."""
     check_parameters(kind, name, target, params)
+    check_types(kind, name, target, params)
     try:
         return target(*args, **params)
     except (TypeError, ValueError) as e:

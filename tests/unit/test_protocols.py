@@ -167,3 +167,15 @@ def test_window_check_bounds_the_message(agents, ratio):
             proto.check_window(senders, DOCS, small, QUESTION)
         bound = e.value.needed - e.value.breakdown["prompt"] - e.value.breakdown["max_new_tokens"]
         assert sent <= bound and (proto.name == "cacheback" or sent == bound)
+
+
+@pytest.mark.parametrize("name", ["text", "fullcontext", "fullkv", "cacheback", "retrieval", "cacheback_x", "merge"])
+def test_no_documents_is_one_typed_error_before_any_compute(agent_for, name):
+    from latentwire.errors import ConfigError
+
+    agent = agent_for("llama")
+    with pytest.raises(ConfigError, match="no documents"):
+        get_protocol(name).run([], [], agent, "Where?")
+    with pytest.raises(ConfigError, match="one document per sender"):
+        get_protocol(name).run([agent], ["a", "b"], agent, "Where?")
+    assert not agent.calls  # nothing ran

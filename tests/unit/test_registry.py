@@ -1,6 +1,7 @@
 """One registry behind every name lookup: unknown names and misspelt parameters are typed errors that list
 what is valid, for protocols, pair protocols, selectors, renders and translators alike."""
 import pickle
+import re
 from dataclasses import dataclass, field
 
 import pytest
@@ -109,3 +110,18 @@ def test_get_protocol_misspelt_ratio():
                                                     r"\(did you mean 'ratio'\?\); valid: .*ratio"):
         get_protocol("cacheback", ratoi=8)
     assert get_protocol("cacheback", ratio=8).ratio == 8
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"ratio": "8"}, "ratio must be float, got '8' (str)"),
+    ({"latent_steps": 2.5}, "latent_steps must be int"),
+    ({"query_aware": 1}, "query_aware must be bool"),
+    ({"fuse": 3}, "fuse must be str or None"),
+])
+def test_scalar_fields_are_type_checked_before_range_checks(params, message):
+    from latentwire.errors import ConfigError
+    from latentwire.protocols import get_protocol
+
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        get_protocol("cacheback", **params)
+    assert get_protocol("cacheback", ratio=8, fuse=None).ratio == 8  # an int is a float; None where Optional

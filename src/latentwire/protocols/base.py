@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar, Sequence
 
 from ..agent import Agent
-from ..errors import ContextOverflowError
+from ..errors import ConfigError, ContextOverflowError
 from ..registry import Registry
 
 SENDER_PROMPT = "Read this document.\n\n{document}"
@@ -54,8 +54,12 @@ class Protocol(ABC):
 
     @staticmethod
     def _pair(senders: Sequence[Agent], documents: Sequence[str]) -> list[tuple[Agent, str]]:
+        """(sender, document) pairs; ConfigError, before any compute, unless there is one document per sender
+        and at least one of each."""
         if len(senders) != len(documents):
-            raise ValueError(f"{len(senders)} senders for {len(documents)} documents")
+            raise ConfigError(f"{len(senders)} senders for {len(documents)} documents: give one document per sender")
+        if not documents:
+            raise ConfigError("no documents: a protocol needs at least one sender with its document")
         return list(zip(senders, documents))
 
 
