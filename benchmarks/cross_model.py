@@ -42,7 +42,7 @@ from latent_vs_text import cell_episodes, commands, ensure_episodes, log_command
 
 from latentwire.agent import Agent  # noqa: E402
 from latentwire.bench.report import compare, verdict_table  # noqa: E402
-from latentwire.bench.runner import environment, finished, hardware, run_episode  # noqa: E402
+from latentwire.bench.runner import drop_cut_lines, environment, finished, hardware, run_episode  # noqa: E402
 from latentwire.errors import LatentWireError  # noqa: E402
 from latentwire.protocols import get_protocol  # noqa: E402
 from latentwire.protocols.reads import shared_reads  # noqa: E402
@@ -297,6 +297,7 @@ def main() -> None:
                                 | {"dtype": joint(str(agents[a].dtype), str(agents[b].dtype))}
                                 for label, a, b, spec in rows}, "latent_maps": maps,
                   "translators": trained, "environment": environment(), "resumed": []}
+        drop_cut_lines(folder / "records.jsonl")
         cfg_path, done = folder / "config.json", finished(folder / "records.jsonl", "episode")
         if done and cfg_path.exists():  # resuming: keep the first run's environment, log this one's
             first = json.loads(cfg_path.read_text())

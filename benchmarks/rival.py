@@ -34,7 +34,7 @@ from latentwire.bench.episode import load_episodes, span_token_positions  # noqa
 from latentwire.bench.metrics import bootstrap_ci, evidence_recall, paired_bootstrap_diff  # noqa: E402
 from latentwire.bench.report import compare, read_run, verdict, with_holm, write_report  # noqa: E402
 from latentwire.bench.report import PAIRING_NOTE, VERDICT_HEADER  # noqa: E402
-from latentwire.bench.runner import (RunConfig, check_resume, finished, hardware, run_episode,  # noqa: E402
+from latentwire.bench.runner import (RunConfig, check_resume, drop_cut_lines, finished, hardware, run_episode,  # noqa: E402
                                      write_config)
 from latentwire.protocols import get_protocol  # noqa: E402
 from latentwire.protocols.reads import shared_reads  # noqa: E402
@@ -125,6 +125,7 @@ def run_cell(agent: Agent, folder: Path, episodes: list, model: str, recall: boo
     cfg_path, rec_path, recall_path = folder / "config.json", folder / "records.jsonl", folder / "recall.jsonl"
     first = check_resume(cfg_path, resolved, ("task", "model", "n", "seed", "filters", "device", "dtype"))
     protocols = {label: get_protocol(spec["name"], **spec["params"]) for label, spec in resolved["protocols"].items()}
+    drop_cut_lines(rec_path)
     done = finished(rec_path, "episode")
     recalled = {r["episode"] for r in read_recall(recall_path, repair=True)}
     run_id = write_config(cfg_path, first, resolved, {"episodes": [e.id for e in episodes]})["run"]

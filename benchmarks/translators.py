@@ -101,11 +101,6 @@ def pin_checkpoints(cell: Path, specs: dict[str, str]) -> None:
     path.write_text(json.dumps(before | now, indent=1) + "\n")
 
 
-def mean(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.mean(xs) if xs else float("nan")
-
-
 def median(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else float("nan")

@@ -192,16 +192,16 @@ def test_verdict_flags_times_paired_across_runs():
     c = compare(mixed, "a", "b")
     assert c["tteoa_mixed"] == 1 and verdict(c).endswith("×2.00 [2.00, 2.00] † |")
     assert "different runs" in mixed_note([c])[1]
-    # records older than the label compare as unlabelled: unlabelled vs labelled is mixed, both unlabelled is not
+    # records older than the label name no run: nothing shows such a pair was timed together, so it is marked
     legacy = [{k: v for k, v in r.items() if k != "run"} for r in same]
-    assert compare(legacy, "a", "b")["tteoa_mixed"] == 0
-    assert compare(legacy[:3] + same[3:], "a", "b")["tteoa_mixed"] == 1
+    assert compare(legacy, "a", "b")["tteoa_mixed"] == 2
+    assert compare(legacy[:3] + same[3:], "a", "b")["tteoa_mixed"] == 2
 
 
 def test_errors_count_as_wrong_and_leave_the_time_ratio_which_says_so():
     from latentwire.bench.report import PAIRING_NOTE, compare, verdict, verdict_table
 
-    recs = [{"episode": f"e{i}", "protocol": p, "accuracy": 1.0, "tteoa": 2.0 if p == "a" else 1.0}
+    recs = [{"episode": f"e{i}", "protocol": p, "accuracy": 1.0, "tteoa": 2.0 if p == "a" else 1.0, "run": "r1"}
             for i in range(4) for p in ("a", "b")]
     recs[0] |= {"accuracy": 0.0, "tteoa": None, "error": "ContextOverflowError: ..."}  # a fails on e0
     recs = [r for r in recs if (r["episode"], r["protocol"]) != ("e3", "b")]  # b never ran e3

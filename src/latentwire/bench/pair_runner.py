@@ -18,8 +18,8 @@ from ..errors import ConfigError, LatentWireError
 from ..protocols.base import Outcome
 from ..protocols.pair import PairProtocol, get_pair_protocol
 from .metrics import answer_scores
-from .runner import (_memory, check_resume, describe_protocols, finished, parse_protocols, placement_record, run_folder,
-                     write_config)
+from .runner import (_memory, check_resume, describe_protocols, drop_cut_lines, finished, parse_protocols,
+                     placement_record, run_folder, write_config)
 from .tasks.pairs import Pair, pairs
 
 RECORDS, CONFIG = "records.jsonl", "config.json"
@@ -49,6 +49,7 @@ def run_pairs(sharer_name: str, receiver_name: str, task: str, protocols: str, n
     out_dir = Path(out_dir)
     cfg_path, rec_path = out_dir / CONFIG, out_dir / RECORDS
     first = check_resume(cfg_path, config, _KEYS, rec_path)
+    drop_cut_lines(rec_path)
     done = finished(rec_path, "pair")
     if not all((p.id, label) in done for label in built for p in todo_pairs):  # models load before anything is written
         load = lambda name: Agent.from_pretrained(name, device=config["device"], dtype=config["dtype"])  # noqa: E731

@@ -92,9 +92,10 @@ def compare(records: list[dict], a: str, b: str) -> dict | None:
         return None
     acc_a, acc_b = [ra[e]["accuracy"] for e in eps], [rb[e]["accuracy"] for e in eps]
     timed = [e for e in eps if ra[e].get("tteoa") and rb[e].get("tteoa")]
-    # A record's "run" names the invocation that wrote it (records older than the field have none). Paired
-    # times from two invocations may come from two hosts or loads: counted, and flagged by `verdict`.
-    mixed = sum(ra[e].get("run") != rb[e].get("run") for e in timed)
+    # A record's "run" names the invocation that wrote it. Paired times from two invocations may come from two
+    # hosts or loads: counted, and flagged by `verdict`. A record older than the field names no run, so nothing
+    # shows its pair ran together: counted too.
+    mixed = sum(ra[e].get("run") is None or ra[e].get("run") != rb[e].get("run") for e in timed)
     return {"a": a, "b": b, "n": len(eps), "acc_a": sum(acc_a) / len(eps), "acc_b": sum(acc_b) / len(eps),
             "diff": paired_bootstrap_diff(acc_a, acc_b),
             "p": mcnemar_exact([x == 1.0 for x in acc_a], [x == 1.0 for x in acc_b]),
@@ -157,8 +158,9 @@ def mixed_note(comparisons: list[dict]) -> list[str]:
     if not any(c.get("tteoa_mixed") for c in comparisons):
         return []
     return ["", "† TTEOA ratio over episodes whose two records were written by different runs of the command "
-            "(a resume, another session, possibly another host or load): the two protocols' times were not "
-            "measured side by side, so read the ratio as indicative only. Accuracy columns are unaffected."]
+            "(a resume, another session, possibly another host or load), or by a run that recorded no run id: the "
+            "two protocols' times are not known to be measured side by side, so read the ratio as indicative "
+            "only. Accuracy columns are unaffected."]
 
 
 def _cell(v, fmt: str) -> str:

@@ -212,6 +212,7 @@ def run(config: RunConfig, out_dir: str | Path, progress: bool = True, agent: Ag
     episodes = select_episodes(load_task_episodes(config.task), config.n, config.seed, config.filters)
     if not episodes:
         raise ConfigError(f"no episode of task {config.task!r} matches the filters {config.filters}")
+    drop_cut_lines(rec_path)
     done = finished(rec_path, "episode")
     todo = [e for e in episodes if any((e.id, label) not in done for label in protocols)]
     if todo and agent is None:
@@ -291,20 +292,27 @@ def write_config(cfg_path: Path, first: dict | None, resolved: dict, listing: di
     return env
 
 
+def drop_cut_lines(rec_path: Path) -> None:
+    """Rewrite a records file without a last line cut short by a crash (before a run appends to it again)."""
+    if not rec_path.exists():
+        return
+    good = [line for line in rec_path.read_text(encoding="utf-8").splitlines() if _parses(line)]
+    rec_path.write_text("".join(line + "\n" for line in good), encoding="utf-8")
+
+
 def finished(rec_path: Path, key: str) -> set[tuple[str, str]]:
-    """(record[key], protocol) pairs already recorded; a line cut short by a crash is dropped from the file."""
+    """(record[key], protocol) pairs already recorded (a line that does not parse is skipped; reads only)."""
     if not rec_path.exists():
         return set()
-    done, good = set(), []
-    for line in rec_path.read_text(encoding="utf-8").splitlines():
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        done.add((r[key], r["protocol"]))
-        good.append(line)
-    rec_path.write_text("".join(line + "\n" for line in good), encoding="utf-8")
-    return done
+    return {(r[key], r["protocol"]) for line in rec_path.read_text(encoding="utf-8").splitlines()
+            if (r := _parses(line))}
+
+
+def _parses(line: str) -> dict | None:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return None
 
 
 def run_episode(protocol: Protocol, label: str, ep: Episode, agent: Agent) -> dict:

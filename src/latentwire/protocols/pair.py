@@ -151,7 +151,8 @@ def load_translator(checkpoint: str | Path, device: torch.device | None = None) 
 class Translated(PairProtocol):
     """A trained translator (checkpoint folder) maps the sharer's state into the receiver's geometry.
 
-    Both parties prefill fresh float32 states of exactly the prompts the method reads (`needs`):
+    Both parties prefill fresh states (in the dtype the models were loaded in) of exactly the prompts the method
+    reads (`needs`):
     XKV / LCF-X / dense read the sharer's and the receiver's own prompts (dense with
     `context_aware=True` the receiver's prefill of both documents instead); C2C reads both parties'
     prefills of both documents, with the receiver->sharer token alignment (computed on the

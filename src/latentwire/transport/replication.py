@@ -54,11 +54,6 @@ def replica_absorb(node, packed) -> int:
     return len(node.replica) - before
 
 
-def replica_put(node, packed) -> int:
-    """Add fragments sent from the driver or another node (same checks as a delta)."""
-    return replica_absorb(node, packed)
-
-
 def replica_bytes(node) -> bytes:
     """The whole replica as canonical FragmentSet bytes (inspection; the wire carries only deltas)."""
     return node.replica.to_bytes()
