@@ -25,13 +25,14 @@ from latentwire.agent import KV_PROMPT, Agent
 from latentwire.bench.runner import load_task_episodes, select_episodes
 from latentwire.merge import BagMerge, Fragment
 from latentwire.protocols.base import SENDER_PROMPT
+from latentwire.attention import attend
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "results"
 
 
 def row_mass(agent: Agent, state, query: str) -> torch.Tensor:
     """(T,) attention of the query on each row: mean over global layers, heads and query tokens."""
-    return agent.attend(state, query).double().mean(dim=(0, 1, 2))
+    return attend(agent, state, query).double().mean(dim=(0, 1, 2))
 
 
 def per_token(row: torch.Tensor, start: int, length: int) -> tuple[float, float]:

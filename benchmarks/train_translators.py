@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -31,6 +32,20 @@ ROOT = Path(__file__).resolve().parents[1]
 PAIRS = "gemma3-270m:smollm2-135m,qwen2.5-coder-0.5b:gemma3-270m,smollm2-135m:gemma3-270m,smollm2-135m:smollm2-135m"
 # dense_aware: dense trained for (and marked) context-aware; c2c_input: C2C with its input-conditioned gate
 METHODS = "xkv,lcfx,dense,dense_aware,c2c,c2c_input"
+# The evaluated grid (benchmarks/translators.py writes it, translators_report.py reads it): one folder per
+# (pair, task), committed; the trained rows as (label, method, context-aware), and every row in page order.
+GRID = ROOT / "docs" / "results" / "translators"
+TRAINED = (("xkv", "xkv", False), ("lcfx", "lcfx", False), ("dense", "dense", False),
+           ("dense (aware)", "dense_aware", True), ("c2c", "c2c", False), ("c2c (input gate)", "c2c_input", False))
+ROWS = ("alone", "t2t") + tuple(label for label, _, _ in TRAINED) + ("fullcontext",)
+
+
+def median(xs):
+    """Median of the values that are not None (nan when none is)."""
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else float("nan")
+
+
 LR = {"xkv": 1e-3, "lcfx": 1e-3, "dense": 3e-3, "dense_aware": 3e-3, "c2c": 1e-3, "c2c_input": 1e-3}
 
 

@@ -33,7 +33,6 @@ import contextlib
 import hashlib
 import json
 import shutil
-import statistics
 import sys
 from pathlib import Path
 
@@ -49,13 +48,9 @@ from latentwire.translate.base import cast
 from latentwire.translate.compose import PairStates
 from latentwire.translate.timing import MIN_CALLS, compare
 
-from train_translators import PAIRS, run_dir
+from train_translators import GRID, PAIRS, TRAINED, run_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-GRID = ROOT / "docs" / "results" / "translators"  # one folder per evaluated (pair, task) + training/, committed
-TRAINED = (("xkv", "xkv", False), ("lcfx", "lcfx", False), ("dense", "dense", False),
-           ("dense (aware)", "dense_aware", True), ("c2c", "c2c", False), ("c2c (input gate)", "c2c_input", False))
-ROWS = ("alone", "t2t") + tuple(label for label, _, _ in TRAINED) + ("fullcontext",)
 
 
 def protocols(sharer: str, receiver: str, methods: list[str] | None = None) -> dict[str, str]:
@@ -99,11 +94,6 @@ def pin_checkpoints(cell: Path, specs: dict[str, str]) -> None:
         sys.exit(f"{cell} holds records made with other weights for {changed}; move the cell away to re-evaluate")
     cell.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(before | now, indent=1) + "\n")
-
-
-def median(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else float("nan")
 
 
 def agent(name: str) -> Agent:

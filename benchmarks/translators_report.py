@@ -19,8 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_translators import PAIRS  # noqa: E402  (the grid's pairs)
-from translators import GRID, ROWS, TRAINED, median  # noqa: E402
+from train_translators import GRID, PAIRS, ROWS, TRAINED, median  # noqa: E402  (the grid, shared with translators.py)
 
 from latentwire.bench.metrics import bootstrap_ci, holm, mcnemar_exact, stratified_bootstrap_ci  # noqa: E402
 from latentwire.bench.report import holm_note  # noqa: E402

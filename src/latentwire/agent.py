@@ -17,7 +17,6 @@ from typing import Sequence, Union
 import torch
 from transformers.cache_utils import DynamicCache
 
-from . import attention
 from .errors import ContextOverflowError, StateFormatError, UnknownNameError
 from .message import Rows
 from .models import load, tokenizer_fingerprint
@@ -207,7 +206,9 @@ class Agent:
         cap = getattr(config, "final_logit_softcapping", None)
         return torch.tanh(logits / cap) * cap if cap else logits
 
-    def _check_window(self, **parts: int) -> None:
+    def check_window(self, **parts: int) -> None:
+        """ContextOverflowError, naming each part, unless the parts (rows of a state, a prompt, the tokens to
+        decode, ...) fit this model's context window together; callers check before any compute."""
         needed = sum(parts.values())
         if needed > self.context_window:
             raise ContextOverflowError(needed, self.context_window, parts)
@@ -237,7 +238,7 @@ class Agent:
             ids = torch.cat([self.ids(pre), row_ids, self.ids(post)])
             embeds = torch.cat([self.embed(pre), rows.embeds.to(self.device, self.dtype), self.embed(post)])
             inputs, latents = {"embeds": embeds}, embeds[len(pre):len(pre) + len(row_ids)][row_ids == -1]
-        self._check_window(prompt=len(ids))
+        self.check_window(prompt=len(ids))
         cache = self.new_cache()
         hidden = self._forward(cache, 0, **inputs)
         state = KVState.from_cache(cache, self.geometry, ids, latents, last_hidden=hidden[-1].clone())
@@ -260,7 +261,7 @@ class Agent:
             raise StateFormatError("state has no last_hidden (it was selected, concatenated or re-rotated "
                                    "unevenly); latent steps continue only from a prefill/think state")
         self.geometry.check_same(state.geometry)
-        self._check_window(state=len(state), latent_steps=steps)
+        self.check_window(state=len(state), latent_steps=steps)
         cache, hidden, latents = state.compact().to_cache(), state.last_hidden, []
         for i in range(steps):
             e = self.latent_vector(hidden, mode)  # (d,)
@@ -272,21 +273,6 @@ class Agent:
         self._record("think", t0, steps, 0, len(out))
         return out if state.is_compact else out.rerotate(torch.cat([state.positions, state.positions[-1] + 1 +
                                                                     torch.arange(steps, device=self.device)]))
-
-    # -- query attention (attention.py) --------------------------------------------------------
-    def attend(self, state: KVState, query: str) -> torch.Tensor:
-        """(L_g, H_q, m, T) float32: the query's attention, appended after `state`, over its T rows
-        (`attention.attend`)."""
-        return attention.attend(self, state, query)
-
-    def attend_grouped(self, state: KVState, query: str) -> torch.Tensor:
-        """(S, m, T) float32: that attention averaged over global layers and each KV head's query heads,
-        accumulated layer by layer (`attention.attend_grouped`)."""
-        return attention.attend_grouped(self, state, query)
-
-    def query_attention(self, state: KVState, query: str):
-        """Yield (layer index, (H_q, m, T + m) float32 weights) per global layer (`attention.query_attention`)."""
-        return attention.query_attention(self, state, query)
 
     def rows(self, state: KVState) -> Rows:
         """Continuous rows of a state: token embeddings for token rows, latent inputs at the mean norm."""
@@ -305,7 +291,7 @@ class Agent:
         t0 = self._clock()
         self.geometry.check_same(state.geometry)
         ids = self.tokenizer(self.continuation_text(user), add_special_tokens=False)["input_ids"]
-        self._check_window(state=len(state), prompt=len(ids))
+        self.check_window(state=len(state), prompt=len(ids))
         compact = state.compact()  # rows at 0..T-1: the turn continues at position T
         cache = compact.to_cache()
         hidden = self._forward(cache, len(compact), ids=self.ids(ids))
@@ -334,7 +320,7 @@ class Agent:
         """Prefill `prompt` and open a greedy decode, keeping each prompt token's negative log-likelihood
         (for perplexity). Logits are computed `chunk` rows at a time: (chunk, V) at most in memory."""
         ids = self.ids(self.chat_ids(prompt))
-        self._check_window(prompt=len(ids), max_new_tokens=max_new_tokens)
+        self.check_window(prompt=len(ids), max_new_tokens=max_new_tokens)
         t0 = self._clock()
         cache = self.new_cache()
         hidden = self._forward(cache, 0, ids=ids)  # (n, d)
@@ -351,25 +337,25 @@ class Agent:
         """
         if message is None:
             ids = self.chat_ids(question)
-            self._check_window(prompt=len(ids), max_new_tokens=max_new_tokens)
+            self.check_window(prompt=len(ids), max_new_tokens=max_new_tokens)
             return self.new_cache(), 0, {"ids": self.ids(ids)}, 0, len(ids)
         if not isinstance(question, str):
             raise TypeError("with a message, the question must be a string")
         if isinstance(message, KVState):  # full KV: the state is the prefix, the prompt continues after it
             self.geometry.check_same(message.geometry)
             ids = self.kv_prompt_ids(question)
-            self._check_window(message=len(message), prompt=len(ids), max_new_tokens=max_new_tokens)
+            self.check_window(message=len(message), prompt=len(ids), max_new_tokens=max_new_tokens)
             own = message.compact().to(self.device, self.dtype)  # e.g. a float32 translator's rows for a bf16 receiver
             return own.to_cache(), len(message), {"ids": self.ids(ids)}, len(message), len(ids)
         pre, post = self._slot_split(question)
         if isinstance(message, Rows):  # continuous rows, re-prefilled inside the template slot
             self._check_rows(message)
-            self._check_window(message=len(message), prompt=len(pre) + len(post), max_new_tokens=max_new_tokens)
+            self.check_window(message=len(message), prompt=len(pre) + len(post), max_new_tokens=max_new_tokens)
             embeds = torch.cat([self.embed(pre), message.embeds.to(self.device, self.dtype), self.embed(post)])
             return self.new_cache(), 0, {"embeds": embeds}, len(message), len(pre) + len(post)
         if isinstance(message, str):  # text, tokenised together with the prompt around it
             ids = self.chat_ids(self._with_slot(question).replace(SLOT, message))
-            self._check_window(prompt=len(ids), max_new_tokens=max_new_tokens)
+            self.check_window(prompt=len(ids), max_new_tokens=max_new_tokens)
             n_msg = len(ids) - len(pre) - len(post)
             return self.new_cache(), 0, {"ids": self.ids(ids)}, n_msg, len(ids) - n_msg
         raise TypeError(f"a message is text, Rows or a KVState, not {type(message).__name__}")

@@ -56,7 +56,7 @@ def query_attention(agent: Agent, state: KVState, query: str):
     """
     agent.geometry.check_same(state.geometry)
     ids = agent.ids(agent.tokenizer(query, add_special_tokens=False)["input_ids"])
-    agent._check_window(state=len(state), query=len(ids))
+    agent.check_window(state=len(state), query=len(ids))
     T, m = len(state), len(ids)
     layers = [i for i, t in enumerate(state.geometry.layer_types) if t == "global"]
     if not layers:  # every layer slides (Mistral 7B v0.1): exact while the window holds the state and the query

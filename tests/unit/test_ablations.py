@@ -16,6 +16,7 @@ from latentwire.select.cacheback import cacheback_scores, grouped_attention_by_l
 from latentwire.translate import build
 from latentwire.translate.compose import PairStates
 from latentwire.translate.timing import compare, time_forwards
+from latentwire.attention import attend_grouped
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 DOC = "Ada led the Orion project in Lisbon. " * 4 + "Bo led Vega in Oslo. The budget was 40k."
@@ -54,7 +55,7 @@ def test_default_selector_is_bit_identical_on_a_tiny_model(arch, agent_for):
     agent = agent_for(arch)
     state = agent.think(agent.prefill(DOC), steps=2)
     got = get_selector("cacheback").score(agent, state, QUERY)
-    want = _reference_scores(agent.attend_grouped(state, QUERY).double(), 2.0, "avg", 7)
+    want = _reference_scores(attend_grouped(agent, state, QUERY).double(), 2.0, "avg", 7)
     assert torch.equal(got, want)
     sel = get_selector("cacheback")
     assert (sel.p, sel.inner_power, sel.correction_over) == (2.0, 2.0, "kv_head")
@@ -108,7 +109,7 @@ def test_correction_over_layers_on_a_tiny_model(agent_for):
     agent = agent_for("llama")  # three global layers, two KV heads
     state = agent.think(agent.prefill(DOC), steps=2)
     b, per_layer = grouped_attention_by_layer(agent, state, QUERY)
-    assert torch.equal(b, agent.attend_grouped(state, QUERY))  # the same average, bit for bit
+    assert torch.equal(b, attend_grouped(agent, state, QUERY))  # the same average, bit for bit
     assert per_layer.shape == (3, 2, b.shape[1], len(state))
     assert torch.allclose(per_layer.mean(0), b, atol=1e-6, rtol=0)
     default = get_selector("cacheback").score(agent, state, QUERY)

@@ -11,6 +11,7 @@ import torch
 
 from latentwire.agent import Agent
 from latentwire.models import tiny_model
+from latentwire.attention import attend, attend_grouped
 
 DEVICE = torch.device(os.environ.get("LATENTWIRE_TEST_DEVICE") or "cpu")  # gpu_smoke.py sets "cuda"
 QUERY = "Which project did Ada lead, and where?"
@@ -40,7 +41,7 @@ def test_attend_equals_eager_weights(arch, tokenizer, implementation):
     model.set_attn_implementation(implementation)
     agent = Agent(model, tokenizer, model_name=arch)
     state = agent.think(agent.prefill(DOC), steps=3)  # token rows and latent rows
-    got = agent.attend(state, QUERY)
+    got = attend(agent, state, QUERY)
     assert model.config._attn_implementation == implementation  # the model's own attention, untouched
     want = eager_attention(agent, state, QUERY)
     assert got.shape == want.shape and got.dtype == torch.float32
@@ -55,15 +56,15 @@ def test_attend_on_a_selected_then_compacted_state(tokenizer):
     agent.model.set_attn_implementation("sdpa")
     state = agent.prefill(DOC)
     part = state.select(range(0, len(state), 3)).compact()
-    assert torch.allclose(agent.attend(part, QUERY), eager_attention(agent, part, QUERY), atol=1e-5, rtol=0)
+    assert torch.allclose(attend(agent, part, QUERY), eager_attention(agent, part, QUERY), atol=1e-5, rtol=0)
 
 
 def test_attend_in_bf16_is_close_to_fp32(tokenizer):
     """bf16 scoring (fp32 softmax over bf16 q/K) keeps the same row ranking, up to bf16 rounding."""
     fp32 = Agent(tiny_model("llama").to(DEVICE), tokenizer, model_name="llama")
     bf16 = Agent(tiny_model("llama").to(DEVICE, torch.bfloat16), tokenizer, model_name="llama")
-    a32 = fp32.attend(fp32.prefill(DOC), QUERY).mean(dim=(0, 1, 2))  # (T,)
-    a16 = bf16.attend(bf16.prefill(DOC), QUERY).mean(dim=(0, 1, 2))
+    a32 = attend(fp32, fp32.prefill(DOC), QUERY).mean(dim=(0, 1, 2))  # (T,)
+    a16 = attend(bf16, bf16.prefill(DOC), QUERY).mean(dim=(0, 1, 2))
     assert a16.dtype == torch.float32
     assert float((a32 - a16).abs().max()) <= 0.05 * float(a32.max())  # relative to the largest weight (~3e-3)
     top = lambda a: set(a.topk(len(a) // 8).indices.tolist())  # noqa: E731
@@ -76,7 +77,7 @@ def test_grouped_attention_streams_the_same_numbers(arch, tokenizer):
 
     agent = Agent(tiny_model(arch).to(DEVICE), tokenizer, model_name=arch)
     state = agent.think(agent.prefill(DOC), steps=2)
-    want = grouped_attention(agent.attend(state, QUERY), state.geometry.num_kv_heads)
-    got = agent.attend_grouped(state, QUERY)
+    want = grouped_attention(attend(agent, state, QUERY), state.geometry.num_kv_heads)
+    got = attend_grouped(agent, state, QUERY)
     assert got.shape == (state.geometry.num_kv_heads, want.shape[1], len(state))
     assert torch.allclose(got.double(), want, atol=1e-6, rtol=0)

@@ -41,6 +41,7 @@ from latentwire.training.objective import answer_loss
 from latentwire.translate import TRANSLATORS, build
 from latentwire.translate.compose import PairStates, compose
 from latentwire.translate.token_alignment import align
+from latentwire.attention import attend
 
 ARCHS = ("llama", "qwen2", "gemma3")
 DOC = "The blue crate holds 58 bolts. The red crate is empty. " * 2
@@ -122,7 +123,7 @@ def test_agent_verbs_name_their_devices(tiny, arch):
         assert int(thought.is_latent.sum()) == 3
         realigned = agent.think(state, 1, mode="realign")
         _state_on(dev, realigned)
-        attn = agent.attend(thought, QUESTION)
+        attn = attend(agent, thought, QUESTION)
         _on(dev, attn)
         picked = thought.select([0, 2, 3, len(thought) - 2, len(thought) - 1])
         _state_on(dev, picked)

@@ -15,6 +15,7 @@ from latentwire.state import KVState
 from latentwire.wire import decode, encode
 
 from test_attend import DOC, QUERY, eager_attention
+from latentwire.attention import attend
 
 DOCS = ("The access code of the north warehouse is 7341. The lights were replaced.",
         "Maria Lopez leads the Falcon project, which is based in Lisbon.")
@@ -47,7 +48,7 @@ def test_query_attention_equals_eager_weights(other_arch, implementation):
     agent.model.set_attn_implementation(implementation)
     try:
         state = agent.think(agent.prefill(DOC), steps=2)
-        got = agent.attend(state, QUERY)
+        got = attend(agent, state, QUERY)
         want = eager_attention(agent, state, QUERY)
     finally:
         agent.model.set_attn_implementation("eager")
@@ -94,7 +95,7 @@ def test_a_multimodal_gemma3_reads_and_answers_as_its_text_model(models, tokeniz
     assert a.geometry == b.geometry
     sa, sb = (x.think(x.prefill("Read this. " + DOCS[0]), steps=2) for x in (a, b))
     assert sa.digest() == sb.digest()
-    assert torch.equal(a.attend(sa, QUERY), b.attend(sb, QUERY))
+    assert torch.equal(attend(a, sa, QUERY), attend(b, sb, QUERY))
     outs = [get_protocol("cacheback", ratio=4, latent_steps=2, max_new_tokens=6).run([x] * 2, list(DOCS), x, QUERY)
             for x in (a, b)]
     assert outs[0].answer == outs[1].answer and outs[0].answer.strip()
@@ -108,7 +109,7 @@ def test_a_model_whose_layers_all_slide_is_scored_while_its_window_holds_the_sta
     agent = Agent(tiny_model("mistral", sliding_window=160), tokenizer, model_name="mistral-sliding")
     assert set(agent.geometry.layer_types) == {"sliding"}
     state = agent.prefill("Read. " + DOCS[1])
-    got = agent.attend(state, QUERY)
+    got = attend(agent, state, QUERY)
     with torch.inference_mode():
         ids = agent.ids(agent.tokenizer(QUERY, add_special_tokens=False)["input_ids"])
         agent.model.set_attn_implementation("eager")
@@ -120,7 +121,7 @@ def test_a_model_whose_layers_all_slide_is_scored_while_its_window_holds_the_sta
     long = agent.prefill("Read. " + DOCS[0] + " " + DOCS[1][:40])  # fits the window alone, not with the query
     assert len(long) < 160  # the state itself is whole in every layer
     with pytest.raises(StateFormatError, match="slides"):
-        agent.attend(long, QUERY)
+        attend(agent, long, QUERY)
 
 
 def test_interleaved_rope_is_detected_and_translators_unrotate_it(other_arch):

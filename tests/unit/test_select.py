@@ -8,9 +8,10 @@ from latentwire.agent import Agent
 from latentwire.errors import PressUnsupportedError, UnknownNameError
 from latentwire.models import tiny_model, tiny_tokenizer
 from latentwire.protocols import get_protocol
-from latentwire.select import SELECTORS, always_kept, fanin_budget, fixed_chain_budget, get_selector, \
+from latentwire.select import SELECTORS, TextSelector, always_kept, fanin_budget, fixed_chain_budget, get_selector, \
     relative_chain_budget, select_rows
 from latentwire.select.cacheback import cacheback_scores, grouped_attention, pool
+from latentwire.attention import attend
 
 
 def _b():
@@ -117,6 +118,14 @@ def test_every_selector_scores_every_row_deterministically(finished, name):
         with pytest.raises(PressUnsupportedError, match="Gemma3"):
             sel.score(agent, state, "How many bolts?")
         return
+    if isinstance(sel, TextSelector):  # reads the document, not the state: scored per unit (test_retrieval.py)
+        with pytest.raises(TypeError, match="scores text"):
+            sel.score(agent, state, "How many bolts?")
+        units = ["The blue crate holds 58 bolts.", "The red crate is empty.", ""]
+        u = sel.score_units(units, "How many bolts?")
+        assert u.shape == (3,) and torch.isfinite(u).all()
+        assert torch.equal(u, sel.score_units(units, "How many bolts?"))
+        return
     s = sel.score(agent, state, "How many bolts?")
     assert s.shape == (len(state),) and torch.isfinite(s).all()
     assert torch.equal(s, sel.score(agent, state, "How many bolts?"))
@@ -124,7 +133,7 @@ def test_every_selector_scores_every_row_deterministically(finished, name):
 
 def test_attend_uses_global_layers_only_on_hybrid(finished):
     agent, state = finished
-    attn = agent.attend(state, "How many?")
+    attn = attend(agent, state, "How many?")
     n_global = state.geometry.layer_types.count("global")
     assert attn.shape[0] == n_global and attn.shape[-1] == len(state)
     assert torch.all(attn.sum(-1) <= 1 + 1e-5)  # the query's own tokens take the rest

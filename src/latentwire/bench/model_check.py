@@ -23,6 +23,7 @@ import torch
 
 from ..agent import Agent
 from ..state import KVState
+from ..attention import attend
 
 PROMPT = "Ada Lovelace wrote the first program for the Analytical Engine in 1843, in Marylebone, London."
 QUERY = "Who wrote the first program?"
@@ -68,7 +69,7 @@ def check_model(agent: Agent) -> list[Check]:
     out = [Check("rerotation", errors[worst], bound, f"worst layer {worst} of {len(errors)}, offset {OFFSET}")]
 
     state = agent.prefill(PROMPT)
-    got = agent.attend(state, QUERY)  # (L_g, H_q, m, T)
+    got = attend(agent, state, QUERY)  # (L_g, H_q, m, T)
     q = agent.ids(agent.tokenizer(QUERY, add_special_tokens=False)["input_ids"])
     before = agent.model.config._attn_implementation
     agent.model.set_attn_implementation("eager")

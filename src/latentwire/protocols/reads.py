@@ -90,7 +90,7 @@ def report(sender: Agent, prompt: str, max_new_tokens: int) -> Report:
     key = ("report", id(sender), sender.model_name, str(sender.dtype), str(sender.device), prompt)
     if key in memo:
         full = memo[key]
-        sender._check_window(prompt=full.prompt_tokens, max_new_tokens=max_new_tokens)  # as answer() would
+        sender.check_window(prompt=full.prompt_tokens, max_new_tokens=max_new_tokens)  # as answer() would
         served = full.truncated(max_new_tokens, sender.tokenizer)
         if served is not None:
             return Report(served, True)

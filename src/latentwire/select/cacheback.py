@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from ..agent import Agent
 from ..state import KVState
 from .base import Selector, register
+from ..attention import attend_grouped, query_attention
 
 POOLINGS = ("avg", "max", "none")
 CORRECTION_GROUPS = ("kv_head", "layer_kv_head")
@@ -59,7 +60,7 @@ def grouped_attention_by_layer(agent: Agent, state: KVState, query: str) -> tupl
     """The layer-averaged (S, m, T) grouped attention, exactly as `Agent.attend_grouped` returns it, and
     the (L_g, S, m, T) per-layer grouped attention it averages, from one pass of the query."""
     per_layer, total, n, S, T = [], None, 0, state.geometry.num_kv_heads, len(state)
-    for _, w in agent.query_attention(state, query):  # (H_q, m, T + m)
+    for _, w in query_attention(agent, state, query):  # (H_q, m, T + m)
         g = w.view(S, -1, *w.shape[-2:]).mean(dim=1)  # (S, m, T + m)
         per_layer.append(g[..., :T].clone())
         total, n = (g if total is None else total.add_(g)), n + 1
@@ -110,7 +111,7 @@ class CacheBackSelector(Selector):
 
     def score(self, agent: Agent, state: KVState, query: str) -> torch.Tensor:
         if self.correction_over == "kv_head" or self.p == 0:
-            b = agent.attend_grouped(state, query).double()  # (S, m, T)
+            b = attend_grouped(agent, state, query).double()  # (S, m, T)
             return cacheback_scores(b, self.p, self.pooling, self.window, self.inner_power)
         b, per_layer = grouped_attention_by_layer(agent, state, query)  # (S, m, T), (L_g, S, m, T)
         groups = per_layer.double().flatten(0, 1)  # (L_g · S, m, T)
