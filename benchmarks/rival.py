@@ -227,7 +227,8 @@ def write_index(out: Path, cells: list[str], n: int, seed: int) -> None:
         environments.add(f"{config['config']['dtype']} on {hardware(config['environment'])}")
         lines.append(winner_row(cell, comps, acc))
         eps = load_episodes(folder / "episodes.jsonl")
-        done = {r["episode"] for r in read_run(folder)[1]}
+        have = {(r["episode"], r["protocol"]) for r in read_run(folder)[1]}
+        done = {e.id for e in eps if all((e.id, p) in have for p in config["config"]["protocols"])}
         details += ["", f"## {cell}", "", f"{len(done)} of {len(eps)} episodes run end to end; full report: "
                     f"[{cell}/report.md]({cell}/report.md).", "", VERDICT_HEADER[0], VERDICT_HEADER[1]]
         details += [verdict(c) for c in comps] + [""] + recall_table(folder, eps)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import numbers
+import os
 import types
 import typing
 from typing import Any, Callable, Iterable, TypeVar
@@ -57,6 +59,16 @@ def _scalar_types(annotation) -> tuple[type, ...] | None:
     return None
 
 
+def _fits(value, allowed: tuple[type, ...]) -> bool:
+    """Whether a non-None `value` is one of the scalar types `allowed`: any integer (numpy's too) is an int and a
+    float, any real number a float, a path a str; a bool is only a bool."""
+    if isinstance(value, bool) or bool in allowed:
+        return isinstance(value, bool) and bool in allowed
+    return ((int in allowed and isinstance(value, numbers.Integral))
+            or (float in allowed and isinstance(value, numbers.Real))
+            or (str in allowed and isinstance(value, (str, os.PathLike))))
+
+
 def check_types(kind: str, name: str, target: Callable, params: dict) -> None:
     """ConfigError for a parameter whose value has the wrong scalar type for a dataclass field (`ratio="8"`),
     before any range check compares it: an int is a float, a bool is neither."""
@@ -70,10 +82,7 @@ def check_types(kind: str, name: str, target: Callable, params: dict) -> None:
         allowed = _scalar_types(hints.get(key))
         if allowed is None:
             continue
-        ok = (value is None and type(None) in allowed) or (
-            isinstance(value, bool) if bool in allowed else not isinstance(value, bool) and (
-                isinstance(value, tuple(t for t in allowed if t is not type(None)))
-                or (float in allowed and isinstance(value, int))))
+        ok = value is None and type(None) in allowed or _fits(value, allowed)
         if not ok:
             want = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
             raise ConfigError(f"{kind} {name}: {key} must be {want}, got {value!r} ({type(value).__name__})")

@@ -216,3 +216,14 @@ def test_cacheback_fuse_breaks_text_ties_with_attention(agent_for):
         CacheBack(fuse="snapkv")
     with pytest.raises(ValueError):
         CacheBack(selector="bm25", fuse="dense")
+
+
+def test_bm25_scores_a_question_without_content_words_as_zero():
+    assert torch.equal(get_selector("bm25").score_units(UNITS, "Who is she?"), torch.zeros(4, dtype=torch.float64))
+
+
+def test_chain_refuses_text_selectors_and_fusion():
+    with pytest.raises(ConfigError, match="fan-in"):
+        get_protocol("cacheback_chain", fuse="bm25")
+    with pytest.raises(ConfigError, match="fan-in"):
+        get_protocol("cacheback_chain", selector="lexical")

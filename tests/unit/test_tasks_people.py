@@ -8,6 +8,7 @@ import re
 import pytest
 
 from latentwire.bench.tasks import SEED, TASKS, facts, generate, load_task, people, task_path
+from latentwire.select.bm25 import terms
 from latentwire.select.lexical import content_words
 
 NAMES = ("aggregate", "coref", "paraphrase")
@@ -133,6 +134,7 @@ def test_paraphrase_question_shares_only_the_name_with_the_evidence(fresh):
         (ev,) = e.evidence_text()
         assert ev.startswith(name) or f" {name} " in ev
         assert not (content_words(e.question) - {first.lower(), last.lower()}) & content_words(ev), e.id
+        assert not set(terms(e.question)) - set(terms(name)) & set(terms(ev)), e.id  # stemmed (BM25's terms) too
         counts = [c.count(name) for c in e.contexts]
         assert min(counts) >= 6 and counts == e.meta["target_sentences"], e.id
         rel = people.BY_NAME[e.meta["qtype"]]
@@ -210,5 +212,6 @@ def test_aggregate_parts_spread_over_senders_and_no_question_word(fresh):
         assert e.question == people.BY_NAME[e.meta["qtype"]].agg
         for ev in e.evidence_text():
             assert not q & content_words(ev), (e.id, ev)
+            assert not set(terms(e.question)) & set(terms(ev)), (e.id, ev)  # stemmed (BM25's terms) too
             assert ev.split()[0] in FIRST or ev.split()[2] in FIRST  # by full name
     assert parts == {3: 48, 4: 48, 5: 24}

@@ -269,6 +269,9 @@ class CacheBack(Protocol):
     def send_one(self, sender: Agent, document: str, question: str, index: int) -> Sent:
         """Sender `index` reads, scores and selects (`Sent`). The distributed runner calls this where the sender
         lives, so a sender does the same work in process and on a node."""
+        for text in (self._fuse, self._selector):  # an encoder loads once, before any question's clock
+            if isinstance(text, TextSelector):
+                text.prepare()
         r = self.sender_read(sender, document, question)
         state, t1 = r.state, time.perf_counter()
         t0 = t1 - r.seconds  # charged the read it would pay alone, shared or not

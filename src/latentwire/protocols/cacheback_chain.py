@@ -16,9 +16,10 @@ from typing import Sequence
 import torch
 
 from ..agent import SLOT, Agent
-from ..errors import UnknownNameError
+from ..errors import ConfigError, UnknownNameError
 from ..message import Rows
-from ..select import always_kept, fanin_budget, fixed_chain_budget, relative_chain_budget, select_rows
+from ..select import (TextSelector, always_kept, fanin_budget, fixed_chain_budget, relative_chain_budget,
+                      select_rows)
 from .base import SENDER_PROMPT, Outcome, register
 from .cacheback import CacheBack, document_rows, token_document_spans
 
@@ -42,6 +43,9 @@ class CacheBackChain(CacheBack):
             raise UnknownNameError("chain budget", self.budget, BUDGETS)
         if self.max_rows < 1:
             raise ValueError(f"max_rows must be ≥ 1, got {self.max_rows}")
+        if self.fuse is not None or isinstance(self._selector, TextSelector):
+            raise ConfigError("cacheback_chain scores each hop's state with a state selector: text selectors and "
+                              "fuse= are for fan-in (cacheback, cacheback_x, retrieval)")
 
     def hop(self, sender: Agent, document: str, index: int, question: str, message: Rows | None,
             origins: list[Origin]) -> tuple[Rows, list[Origin], dict]:

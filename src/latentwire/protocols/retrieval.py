@@ -3,8 +3,9 @@
 Each sender cuts its document into the same units CacheBack ranks (sentences and lines, or fixed spans of
 `span` tokens), scores them against the question with a text selector (`lexical`, `bm25`, `dense`), keeps
 the best within CacheBack's budget at `ratio` (ceil(T / ratio) tokens, T = the sender's prompt tokens, as
-`text(ratio=r)` counts them) through the same `select_rows`, and sends the kept text, in document order, one
-contiguous piece per line. The receiver reads it like a text report. A sender's seconds are what it really
+`text(ratio=r)` counts them; CacheBack's T also counts its G latent rows, one row more at G = 8, r = 8)
+through the same `select_rows`, and sends the kept text, in document order, one contiguous piece per line.
+Selection runs on the host (`placement.HOST`): it is text work, whatever device the models use. The receiver reads it like a text report. A sender's seconds are what it really
 spends: tokenising its prompt, scoring and selecting (the encoder's one-time load is not charged).
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from ..agent import Agent
 from ..errors import ConfigError, UnknownNameError
+from ..placement import HOST
 from ..select import (SELECTORS, SPAN, TextSelector, candidate_rows, fanin_budget, fixed_spans, get_selector,
                       select_rows, sentence_groups, unit_row_scores)
 from .base import SENDER_PROMPT, Outcome, Protocol, register
@@ -77,12 +79,12 @@ class Retrieval(Protocol):
         self._selector.prepare()
         t0 = time.perf_counter()
         per_row = token_document_spans(sender, sender.chat_text(SENDER_PROMPT.format(document=document)), document)
-        eligible = torch.tensor([sp is not None for sp in per_row], dtype=torch.bool, device=sender.device)  # (T,)
+        eligible = torch.tensor([sp is not None for sp in per_row], dtype=torch.bool, device=HOST)  # (T,) text work
         keep = torch.zeros_like(eligible)  # nothing is always sent: no first or latent rows in text
         groups = sentence_groups(per_row, document, 2 * self.span) if self.span_mode == "sentence" else None
         units = groups if groups is not None else [s.tolist() for s in fixed_spans(candidate_rows(keep, eligible),
                                                                                    self.span)]
-        scores = unit_row_scores(self._selector, question, per_row, document, len(per_row), units, sender.device)
+        scores = unit_row_scores(self._selector, question, per_row, document, len(per_row), units, HOST)
         budget = fanin_budget(len(per_row), self.ratio)
         rows = select_rows(scores, budget, keep, self.span, eligible, groups)
         kept = kept_document_spans(per_row, rows)

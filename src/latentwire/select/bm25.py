@@ -43,12 +43,17 @@ class BM25Selector(TextSelector):
         if not 0 <= self.b <= 1:
             raise ValueError(f"b must be in [0, 1], got {self.b!r}")
 
+    def prepare(self) -> None:
+        import bm25s  # noqa: F401  (its first import takes most of a second: not a question's cost)
+
+        _stemmer("english")
+
     def score_units(self, units: list[str], query: str) -> torch.Tensor:
         import bm25s
 
-        corpus = [terms(u, self.stem) for u in units]
-        if not any(corpus):  # bm25s cannot index a corpus without a single term
+        corpus, q = [terms(u, self.stem) for u in units], terms(query, self.stem)
+        if not any(corpus) or not q:  # bm25s cannot index a corpus without a term, nor score an empty query
             return torch.zeros(len(units), dtype=torch.float64, device=HOST)
         index = bm25s.BM25(k1=self.k1, b=self.b, method="lucene")
         index.index(corpus, show_progress=False)
-        return torch.as_tensor(index.get_scores(terms(query, self.stem)), dtype=torch.float64, device=HOST)
+        return torch.as_tensor(index.get_scores(q), dtype=torch.float64, device=HOST)

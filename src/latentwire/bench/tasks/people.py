@@ -171,8 +171,8 @@ RELATIONS = (
                 "Sycamore, Linden, Magnolia, Laurel, Beech, Cypress, Acacia, Spruce, Larch, Yew, Oak, Myrtle"),
              alias="{v} Street"),
     Relation("sailboat", ("{S} owns a sailboat called {v}.", "{S} keeps a sailboat named {v} at the marina."),
-             "What is {person}'s sailboat called?", "What name is painted on the hull of {person}'s vessel?",
-             f"What names are painted on the hulls of the vessels of {EVERYONE}?",
+             "What is {person}'s sailboat called?", "What is painted on the hull of {person}'s vessel?",
+             f"What is painted on the hulls of the vessels of {EVERYONE}?",
              _v("Albatross, Seagull, Neptune, Poseidon, Calypso, Odyssey, Valkyrie, Serenity, Endeavour, Voyager, "
                 "Pelican, Sandpiper, Kingfisher, Cormorant, Moonbeam, Stardust, Wanderer, Nomad, Marlin, "
                 "Barracuda, Tempest, Zephyr, Aurora, Halcyon")),
