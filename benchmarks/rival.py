@@ -48,15 +48,18 @@ CELLS = ("paraphrase", "coref", "aggregate", "facts1_500", "code1")
 CB8, CB16 = "cacheback(ratio=8)", "cacheback(ratio=16)"
 CBX8 = "cacheback_x(ratio=8)"  # CacheBack's selection, its rows' text delivered as spans (no first or latent rows)
 CBG8 = "cacheback(ratio=8, calibration='generic')"  # the candidate default: scores ÷ a content-free query's
+CBKV8 = "cacheback(ratio=8, encoding='kv')"  # the selected rows' own K/V attached: no re-prefill, context kept
 BM25, DENSE, BM25_16 = ("retrieval(selector='bm25')", "retrieval(selector='dense')",
                         "retrieval(selector='bm25', ratio=16)")
 TEXT, TEXT8, FULLKV, FULLCTX = "text", "text(ratio=8)", "fullkv(latent_steps=8)", "fullcontext"
-PROTOCOLS = [TEXT, TEXT8, BM25, DENSE, BM25_16, CB8, CB16, CBX8, CBG8, FULLKV, FULLCTX]
+PROTOCOLS = [TEXT, TEXT8, BM25, DENSE, BM25_16, CB8, CB16, CBX8, CBG8, CBKV8, FULLKV, FULLCTX]
 FAMILY = [(CB8, BM25), (CB8, DENSE), (CB8, TEXT8), (CB8, TEXT), (CB8, FULLCTX), (CB8, FULLKV), (CB16, BM25_16),
-          (CBX8, BM25), (CBX8, CB8), (CBG8, CB8), (CBG8, BM25), (BM25, TEXT), (BM25, FULLCTX),
+          (CBX8, BM25), (CBX8, CB8), (CBG8, CB8), (CBG8, BM25), (CBKV8, BM25), (CBKV8, CB8), (BM25, TEXT),
+          (BM25, FULLCTX),
           (DENSE, BM25)]  # pre-specified: the cell's Holm family
-CONTENDERS = {"CacheBack 8×": CB8, "CacheBack 8× calibrated": CBG8, "CacheBack 8× spans": CBX8, "BM25 text": BM25,
-              "dense text": DENSE, "text reports": TEXT, "full context": FULLCTX}
+CONTENDERS = {"CacheBack 8×": CB8, "CacheBack 8× calibrated": CBG8, "CacheBack 8× spans": CBX8,
+              "CacheBack 8× K/V": CBKV8, "BM25 text": BM25, "dense text": DENSE, "text reports": TEXT,
+              "full KV": FULLKV, "full context": FULLCTX}
 RECALL_SELECTORS = ("cacheback", "cacheback+generic", "mean_query", "lexical", "bm25", "dense", "random")
 FUSED = (("cacheback", "bm25"), ("cacheback", "dense"))  # CacheBack(fuse=...): reciprocal rank fusion of units
 RECALL_RATIOS = (8, 16)
@@ -200,7 +203,7 @@ def winner_row(task: str, comps: list[dict], acc: dict) -> str:
     cells = " | ".join("—" if (v := acc.get(k)) is None else "{:.2f} [{:.2f}, {:.2f}]".format(*v[0])
                        + (f", {v[2]:.1f} s" if v[2] else "") for k in CONTENDERS)
     goals = []
-    for a in (CB8, CBG8):
+    for a in (CB8, CBG8, CBKV8):
         c = next((c for c in comps if c["a"] == a and c["b"] == BM25), None)
         if c is not None:
             text = "{:+.0f} pp [{:+.0f}, {:+.0f}], Holm p {:.2g}".format(*(100 * x for x in c["diff"]), c["p_holm"])
@@ -209,7 +212,7 @@ def winner_row(task: str, comps: list[dict], acc: dict) -> str:
 
 
 def write_index(out: Path, cells: list[str], n: int, seed: int) -> None:
-    head = ("| task | n | " + " | ".join(CONTENDERS) + " | CacheBack 8× − BM25 text (default / calibrated) |")
+    head = ("| task | n | " + " | ".join(CONTENDERS) + " | CacheBack 8× − BM25 text (default / calibrated / K/V) |")
     lines = ["# The honest rival: CacheBack against retrieval sent as text", "",
              "Fan-in of 3 senders, Qwen2.5-Coder-0.5B-Instruct for every agent, default placement. Per contender: "
              "accuracy [95% bootstrap CI], median TTEOA. The last column is the pre-specified goal comparison "

@@ -227,3 +227,37 @@ def test_chain_refuses_text_selectors_and_fusion():
         get_protocol("cacheback_chain", fuse="bm25")
     with pytest.raises(ConfigError, match="fan-in"):
         get_protocol("cacheback_chain", selector="lexical")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_kv_delivery_equals_attaching_the_selected_rows_by_hand(agent_for, arch):
+    """encoding="kv": each sender's selected rows keep their own K/V, keys re-rotated to 0..B_i−1, placed one after
+    another at the receiver (sliding layers keep what they hold); equal to doing it by hand, and answered over."""
+    from latentwire.state import KVState
+
+    agent = agent_for(arch)
+    docs = [DOC, "The red crate holds 12 nails. The lift broke on Monday."]
+    q = "Which instrument does Mira Novak play?"
+    cb = CacheBack(ratio=3, latent_steps=1, encoding="kv", max_new_tokens=3)
+    if arch == "gemma3":  # sliding layers hold only their last window: refused before any compute
+        with pytest.raises(ConfigError, match="sliding"):
+            cb.run([agent, agent], docs, agent, q)
+        assert not agent.calls
+        return
+    parts, _, _, _ = cb.send([agent, agent], docs, q)
+    got = cb.receive(agent, q, parts)
+    by_hand = []
+    for doc in docs:
+        state = cb.read(agent, doc)
+        per_row, eligible = document_rows(agent, doc, len(state))
+        rows = cb.choose(agent, state, q, eligible, cb.span_groups(per_row, doc), per_row, doc)
+        by_hand.append(state.select(rows).compact())
+    want = KVState.concat(by_hand)
+    assert torch.equal(got.positions, torch.arange(len(got))) and torch.equal(got.token_ids, want.token_ids)
+    for a, b in zip(got.layers, want.layers):
+        assert torch.allclose(a.keys, b.keys, atol=1e-5) and torch.allclose(a.values, b.values, atol=1e-5)
+    out = cb.run([agent, agent], docs, agent, q)
+    assert out.answer == agent.answer(q, message=want, max_new_tokens=3).text
+    assert out.message_bytes == sum(len(p.to_bytes()) for p in by_hand) and out.details["kv_bytes"] > 0
+    with pytest.raises(ConfigError, match="kv"):
+        get_protocol("cacheback_chain", encoding="kv")

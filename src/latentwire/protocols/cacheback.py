@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 
 from ..agent import KV_PROMPT, LATENT_MODES, MESSAGE_PROMPT, Agent
-from ..errors import ContextOverflowError, TaskFormatError, UnknownNameError
+from ..errors import ConfigError, ContextOverflowError, TaskFormatError, UnknownNameError
 from ..message import Rows
 from ..select import (SELECTORS, SPAN, TextSelector, always_kept, candidate_rows, fanin_budget, fixed_spans,
                       fused_row_scores, get_selector, select_rows, sentence_groups, unit_ranks, unit_row_scores)
@@ -24,7 +24,10 @@ from ..state import KVState
 from .base import QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, sender_prompt_lengths
 from .reads import Read, read
 
-ENCODINGS = ("rows", "token_ids")
+# "rows": hidden-size input rows the receiver re-prefills; "token_ids": their ids (+ latent rows); "kv": the selected
+# rows' own K/V, keys re-rotated to consecutive positions, attached as the receiver's prefix (no re-prefill: a row
+# keeps what the sender's context wrote into it, e.g. a pronoun's antecedent).
+ENCODINGS = ("rows", "token_ids", "kv")
 QUERY_FORMATS = ("turn", "raw")
 SPAN_MODES = ("fixed", "sentence")
 # Background calibration: divide the question's scores by those of a content-free query in the same
@@ -59,7 +62,7 @@ class CacheBack(Protocol):
     latent_mode: str = "rescale"
     selector: str = "cacheback"
     selector_params: dict = field(default_factory=dict)
-    encoding: str = "rows"  # "rows" (one hidden-size row per position) or "token_ids" (ids + latent rows)
+    encoding: str = "rows"  # "rows" (re-prefilled), "token_ids" (ids + latent rows) or "kv" (attached K/V)
     span: int = SPAN
     # "sentence" (default): spans end at the document's sentence and line boundaries (at most 2·span rows),
     # so a fact is not split across two spans; "fixed": spans of `span` document rows (the paper). Measured
@@ -231,13 +234,23 @@ class CacheBack(Protocol):
         """ContextOverflowError, before any sender reads, unless every sender's state and the largest message
         the budgets allow fit: per sender min(B, T - 1) document rows + its first row + G latent rows, then the
         receiver's prompt and answer."""
+        if self.encoding == "kv":
+            sliding = sorted({a.model_name for a in (*senders, receiver) if "sliding" in a.geometry.layer_types})
+            if sliding:  # a sender's sliding layers hold only its last window: most selected rows have no K/V there
+                raise ConfigError(f"encoding 'kv' attaches every layer's K/V of the selected rows, but "
+                                  f"{', '.join(sliding)} has sliding-window layers that keep only their last window: "
+                                  "use encoding 'rows'")
         budget = first = latent = 0
         for prompt in self.check_senders(senders, documents, question):
             T = prompt + self.latent_steps
             budget += min(fanin_budget(T, self.ratio), prompt - 1)
             first, latent = first + 1, latent + self.latent_steps
-        pre, post = receiver.slot_ids(receiver.chat_text(MESSAGE_PROMPT.format(question=question)))
-        parts = {"budget_rows": budget, "first_rows": first, "latent_rows": latent, "prompt": len(pre) + len(post),
+        if self.encoding == "kv":  # the prompt continues after the attached rows
+            prompt = len(receiver.kv_prompt_ids(question))
+        else:
+            pre, post = receiver.slot_ids(receiver.chat_text(MESSAGE_PROMPT.format(question=question)))
+            prompt = len(pre) + len(post)
+        parts = {"budget_rows": budget, "first_rows": first, "latent_rows": latent, "prompt": prompt,
                  "max_new_tokens": self.max_new_tokens}
         if sum(parts.values()) > receiver.context_window:
             raise ContextOverflowError(sum(parts.values()), receiver.context_window, parts)
@@ -245,19 +258,30 @@ class CacheBack(Protocol):
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
         self.check_window(senders, documents, receiver, question)
         parts, seconds, kept, timing = self.send(senders, documents, question)
+        t0 = time.perf_counter()
         message = self.receive(receiver, question, parts)
-        nbytes = message.nbytes if self.encoding == "rows" else message.token_id_nbytes
+        place_s = time.perf_counter() - t0 if self.encoding == "kv" else 0.0  # re-rotating K/V is real work
+        if self.encoding == "kv":
+            nbytes = sum(len(p.to_bytes()) for p in parts)  # each sender ships its selected rows' state
+            details = {"message_rows": len(message), "kv_bytes": nbytes, "place_s": place_s}
+        else:
+            nbytes = message.nbytes if self.encoding == "rows" else message.token_id_nbytes
+            details = {"message_rows": len(message), "rows_bytes": message.nbytes,
+                       "token_id_bytes": message.token_id_nbytes}
         reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
-        return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds,
-                       {"senders": timing, "message_rows": len(message), "rows_bytes": message.nbytes,
-                        "token_id_bytes": message.token_id_nbytes}, kept_spans=tuple(kept))
+        return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds + place_s,
+                       {"senders": timing} | details, kept_spans=tuple(kept))
 
-    def receive(self, receiver: Agent, question: str, parts: Sequence) -> Rows:
-        """The receiver's input from the senders' messages (in sender order): their rows, concatenated."""
-        return Rows.cat(parts)
+    def receive(self, receiver: Agent, question: str, parts: Sequence) -> Rows | KVState:
+        """The receiver's input from the senders' messages (in sender order): their rows, concatenated; for "kv",
+        their states placed one after another (keys re-rotated: the receiver's prefix)."""
+        return KVState.concat(parts) if self.encoding == "kv" else Rows.cat(parts)
 
     def pack(self, sender: Agent, state: KVState, rows: torch.Tensor, per_row: list, document: str, index: int):
-        """What sender `index` sends for its selected `rows` (timed as its selection): the rows themselves."""
+        """What sender `index` sends for its selected `rows` (timed as its selection): the rows themselves, or for
+        "kv" their K/V with keys re-rotated to positions 0..B−1."""
+        if self.encoding == "kv":
+            return state.select(rows).compact()
         return sender.rows(state.select(rows))
 
     def send(self, senders: Sequence[Agent], documents: Sequence[str], question: str) -> tuple[list, list, list, list]:

@@ -43,6 +43,8 @@ class CacheBackChain(CacheBack):
             raise UnknownNameError("chain budget", self.budget, BUDGETS)
         if self.max_rows < 1:
             raise ValueError(f"max_rows must be ≥ 1, got {self.max_rows}")
+        if self.encoding == "kv":
+            raise ConfigError("cacheback_chain re-prefills each hop's rows: encoding 'rows' or 'token_ids', not 'kv'")
         if self.fuse is not None or isinstance(self._selector, TextSelector):
             raise ConfigError("cacheback_chain scores each hop's state with a state selector: text selectors and "
                               "fuse= are for fan-in (cacheback, cacheback_x, retrieval)")
