@@ -61,7 +61,7 @@ def test_a_set_absorbs_a_redelivered_fragment_for_canonical_merge(frags):
 def test_dedupe_validation():
     with pytest.raises(ConfigError, match="bag"):
         get_protocol("merge", dedupe=False)  # CanonicalMerge renders the set: nothing to switch off
-    with pytest.raises(ConfigError, match="True or False"):
+    with pytest.raises(ConfigError, match="dedupe must be bool"):
         get_protocol("merge", render="bag", dedupe=0)
     assert get_protocol("merge", render="bag", dedupe=False, order=(1, 0)).dedupe is False
 
