@@ -40,8 +40,8 @@ from latentwire.protocols import get_protocol  # noqa: E402
 from latentwire.protocols.reads import shared_reads  # noqa: E402
 from latentwire.bench.tasks import TASKS  # noqa: E402
 from latentwire.protocols.cacheback import CacheBack, document_rows, kept_document_spans  # noqa: E402
-from latentwire.select import (SPAN, TextSelector, always_kept, candidate_rows, fanin_budget, fixed_spans,  # noqa: E402
-                               fused_row_scores, select_rows, sentence_groups, unit_ranks, unit_row_scores)
+from latentwire.select import (SPAN, TextSelector, always_kept, fanin_budget,  # noqa: E402
+                               fused_row_scores, select_rows, span_units, sentence_groups, unit_ranks, unit_row_scores)
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "results" / "rival"
 CELLS = ("paraphrase", "coref", "aggregate", "facts1_500", "code1")
@@ -88,8 +88,7 @@ def recall_row(agent: Agent, ep) -> dict:
                      if not isinstance(p._selector, TextSelector)}
         for mode in MODES:
             groups = sentence_groups(per_row, doc, 2 * SPAN) if mode == "sentence" else None
-            units = groups if groups is not None else [s.tolist() for s in fixed_spans(candidate_rows(keep, eligible),
-                                                                                       SPAN)]
+            units = span_units(keep, eligible, SPAN, groups)
             scores = {sel: attention[sel] if sel in attention else unit_row_scores(
                 p._selector, ep.question, per_row, doc, len(state), units, state.device) for sel, p in protos.items()}
             for a_sel, t_sel in FUSED:

@@ -24,7 +24,7 @@ from latentwire.bench.metrics import bootstrap_ci, paired_bootstrap_diff
 from latentwire.bench.runner import load_task_episodes, select_episodes
 from latentwire.protocols.base import SENDER_PROMPT
 from latentwire.protocols.cacheback import document_rows, kept_document_spans
-from latentwire.select import (SPAN, candidate_rows, fanin_budget, fixed_spans, get_selector, select_rows,
+from latentwire.select import (SPAN, fanin_budget, get_selector, select_rows, span_units,
                                sentence_groups, unit_row_scores)
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "results"
@@ -47,8 +47,7 @@ def episode_recall(agent: Agent, ep, latent_steps: int) -> dict[str, float]:
         keep[0], keep[T:] = True, True  # the first row and every latent row, as `always_kept` on a state
         for mode in MODES:
             groups = sentence_groups(per_row, doc) if mode == "sentence" else None
-            units = groups if groups is not None else [s.tolist() for s in fixed_spans(candidate_rows(keep, eligible),
-                                                                                       SPAN)]
+            units = span_units(keep, eligible, SPAN, groups)
             for name in SELECTORS:
                 scores = unit_row_scores(get_selector(name), ep.question, per_row, doc, T + latent_steps, units,
                                          eligible.device)

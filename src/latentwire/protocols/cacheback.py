@@ -18,8 +18,8 @@ import torch
 from ..agent import KV_PROMPT, LATENT_MODES, MESSAGE_PROMPT, Agent
 from ..errors import ConfigError, ContextOverflowError, TaskFormatError, UnknownNameError
 from ..message import Rows
-from ..select import (SELECTORS, SPAN, TextSelector, always_kept, candidate_rows, fanin_budget, fixed_spans,
-                      fused_row_scores, get_selector, select_rows, sentence_groups, unit_ranks, unit_row_scores)
+from ..select import (SELECTORS, SPAN, TextSelector, always_kept, fanin_budget, 
+                      fused_row_scores, get_selector, select_rows, span_units, sentence_groups, unit_ranks, unit_row_scores)
 from ..state import KVState
 from .base import QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, sender_prompt_lengths
 from .reads import Read, read
@@ -211,8 +211,7 @@ class CacheBack(Protocol):
         else:
             if per_row is None or document is None:
                 raise ValueError(f"selector {text.name!r} scores the document's text: pass per_row and document")
-            units = groups if groups is not None else [s.tolist() for s in
-                                                       fixed_spans(candidate_rows(keep, eligible), self.span)]
+            units = span_units(keep, eligible, self.span, groups)
             scores = unit_row_scores(text, question, per_row, document, len(state), units, state.device)
             if self._fuse is not None:
                 attention = self.scores(sender, state, question, per_row)

@@ -19,8 +19,8 @@ import torch
 from ..agent import Agent
 from ..errors import ConfigError, UnknownNameError
 from ..placement import HOST
-from ..select import (SELECTORS, SPAN, TextSelector, candidate_rows, fanin_budget, fixed_spans, get_selector,
-                      select_rows, sentence_groups, unit_row_scores)
+from ..select import (SELECTORS, SPAN, TextSelector, fanin_budget, get_selector,
+                      select_rows, span_units, sentence_groups, unit_row_scores)
 from .base import SENDER_PROMPT, Outcome, Protocol, register
 from .cacheback import SPAN_MODES, kept_document_spans, token_document_spans
 
@@ -82,8 +82,7 @@ class Retrieval(Protocol):
         eligible = torch.tensor([sp is not None for sp in per_row], dtype=torch.bool, device=HOST)  # (T,) text work
         keep = torch.zeros_like(eligible)  # nothing is always sent: no first or latent rows in text
         groups = sentence_groups(per_row, document, 2 * self.span) if self.span_mode == "sentence" else None
-        units = groups if groups is not None else [s.tolist() for s in fixed_spans(candidate_rows(keep, eligible),
-                                                                                   self.span)]
+        units = span_units(keep, eligible, self.span, groups)
         scores = unit_row_scores(self._selector, question, per_row, document, len(per_row), units, HOST)
         budget = fanin_budget(len(per_row), self.ratio)
         rows = select_rows(scores, budget, keep, self.span, eligible, groups)

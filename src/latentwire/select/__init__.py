@@ -2,8 +2,8 @@
 from . import bm25, cacheback, dense, lexical, mean_query, presses, random_select, streaming_llm  # noqa: F401
 from .base import (SELECTORS, SPAN, Selector, TextSelector, always_kept, candidate_rows, fanin_budget, fixed_chain_budget,
                    fixed_spans, fused_row_scores, get_selector, relative_chain_budget, select_rows, sentence_groups,
-                   unit_ranks, unit_row_scores)
+                   span_units, unit_ranks, unit_row_scores)
 
 __all__ = ["SELECTORS", "SPAN", "Selector", "TextSelector", "always_kept", "candidate_rows", "fanin_budget",
            "fixed_chain_budget", "fixed_spans", "fused_row_scores", "get_selector", "relative_chain_budget", "select_rows",
-           "sentence_groups", "unit_ranks", "unit_row_scores"]
+           "sentence_groups", "span_units", "unit_ranks", "unit_row_scores"]

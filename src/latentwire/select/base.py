@@ -55,6 +55,13 @@ def fixed_spans(free: torch.Tensor, span: int) -> list[torch.Tensor]:
     return [free[i:i + span] for i in range(0, len(free), span)]
 
 
+def span_units(keep: torch.Tensor, eligible: torch.Tensor | None, span: int,
+               groups: list[list[int]] | None = None) -> list[list[int]]:
+    """The units `select_rows` ranks: `groups` (e.g. `sentence_groups`) as given, else the candidate rows cut into
+    fixed spans of `span` rows. A text selector scores exactly these."""
+    return groups if groups is not None else [s.tolist() for s in fixed_spans(candidate_rows(keep, eligible), span)]
+
+
 def unit_row_scores(selector: TextSelector, query: str, per_row: list, document: str, n_rows: int,
                     units: list[list[int]], device: torch.device | str) -> torch.Tensor:
     """(n_rows,) float64 row scores from a text selector: each unit (a list of rows) is scored on the document

@@ -64,7 +64,7 @@ def _embed(tokenizer, model, texts: list[str], pooling: str, batch_size: int) ->
             mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # (B, L, 1)
             pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp_min(1.0)
         out.append(F.normalize(pooled, dim=-1))
-    return torch.cat(out) if out else torch.zeros(0, model.config.hidden_size)
+    return torch.cat(out) if out else torch.zeros(0, model.config.hidden_size, device=HOST)
 
 
 @register
