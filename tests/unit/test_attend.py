@@ -12,6 +12,7 @@ import torch
 from latentwire.agent import Agent
 from latentwire.models import tiny_model
 from latentwire.attention import attend, attend_grouped
+from latentwire.models.compat import cache_arg
 
 DEVICE = torch.device(os.environ.get("LATENTWIRE_TEST_DEVICE") or "cpu")  # gpu_smoke.py sets "cuda"
 QUERY = "Which project did Ada lead, and where?"
@@ -26,7 +27,7 @@ def eager_attention(agent: Agent, state, query: str) -> torch.Tensor:
     before = agent.model.config._attn_implementation
     agent.model.set_attn_implementation("eager")
     try:
-        out = agent.model.model(input_ids=ids[None], past_key_values=state.compact().to_cache(), use_cache=True,
+        out = agent.model.model(input_ids=ids[None], **cache_arg(agent.model.model, state.compact().to_cache()), use_cache=True,
                                 position_ids=torch.arange(T, T + len(ids), device=ids.device)[None],
                                 output_attentions=True)
     finally:

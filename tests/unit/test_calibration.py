@@ -99,6 +99,7 @@ def test_a_calibrated_protocol_pickles_without_its_cache(agent_for):
     assert again == cb and len(again._background) == 0
 
 
+@pytest.mark.kvpress
 def test_question_aware_sender_reads_the_question_and_sends_document_rows_only(agent_for):
     agent = agent_for("llama")
     doc, question = "The blue crate holds 58 bolts. The red crate holds 12 nails.", "How many bolts?"
@@ -116,6 +117,7 @@ def test_question_aware_sender_reads_the_question_and_sends_document_rows_only(a
     assert out.details["message_rows"] == len(rows)
 
 
+@pytest.mark.kvpress
 def test_question_aware_snapkv_observes_the_question_not_the_document_tail(agent_for):
     agent = agent_for("llama")
     doc, question = "The blue crate holds 58 bolts. The red crate holds 12 nails. " * 6, "How many bolts?"

@@ -28,7 +28,8 @@ import torch
 
 from latentwire import wire
 from latentwire.agent import SLOT, Agent
-from latentwire.errors import PressUnsupportedError
+from latentwire.errors import MissingExtraError, PressUnsupportedError
+from latentwire.select.presses import kvpress_installed
 from latentwire.merge import Fragment, FragmentSet
 from latentwire.message import Rows
 from latentwire.models import tiny_model, tiny_tokenizer
@@ -155,6 +156,10 @@ def test_selectors_score_on_the_states_device(finished, arch, name):
             per_row, eligible = document_rows(agent, DOC, len(doc_state))
             rows = proto.choose(agent, doc_state, QUESTION, eligible, proto.span_groups(per_row, DOC), per_row, DOC)
             _on(doc_state.device, rows)
+        return
+    if sel.extra == "kvpress" and not kvpress_installed():  # the core install: refused before any compute
+        with meta_default(), pytest.raises(MissingExtraError, match="kvpress"):
+            sel.score(agent, state, QUESTION)
         return
     if name == "kvzip" and arch == "gemma3":  # kvpress refuses Gemma3 for KVzip: the typed refusal, on any device
         with meta_default(), pytest.raises(PressUnsupportedError, match="Gemma3"):

@@ -1,4 +1,5 @@
-"""Every file in examples/ runs end to end on the tiny models, and the README shows each one verbatim.
+"""Every file in examples/ runs end to end on the tiny models; docs/examples.md shows each one verbatim, and every
+example the README shows is verbatim too.
 
 The examples load their models with `Agent.from_pretrained(name)`, the name taken from an environment
 variable (bundled models by default). Here the names are "tiny-<arch>" and `from_pretrained` is patched
@@ -20,6 +21,7 @@ from latentwire.bench.episode import load_episodes
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
 README = ROOT / "README.md"
+EXAMPLES_PAGE = ROOT / "docs" / "examples.md"
 # A README code block that is an example's content is preceded by `<!-- example: examples/NAME.py -->`.
 _EXAMPLE_BLOCK = re.compile(r"<!-- example: (examples/[\w.]+) -->\s*\n```python\n(.*?)```", re.S)
 _EPISODE_BLOCK = re.compile(r"<!-- episode -->\s*\n```json\n(.*?)```", re.S)
@@ -59,14 +61,15 @@ def test_example_runs_on_tiny_models(path, tiny_agents, monkeypatch, tmp_path, c
     assert out.strip(), f"{path.name} printed nothing"
 
 
-def test_readme_shows_every_example_verbatim():
-    text = README.read_text(encoding="utf-8")
-    blocks = _EXAMPLE_BLOCK.findall(text)
+def test_the_examples_page_shows_every_example_verbatim_and_the_readme_shows_some():
+    blocks = _EXAMPLE_BLOCK.findall(EXAMPLES_PAGE.read_text(encoding="utf-8"))
     shown = {name for name, _ in blocks}
-    assert shown == {f"examples/{p.name}" for p in EXAMPLES}, "every example appears in the README, once each"
+    assert shown == {f"examples/{p.name}" for p in EXAMPLES}, "every example appears in docs/examples.md, once each"
     assert len(blocks) == len(shown)
-    for name, code in blocks:
-        assert code == (ROOT / name).read_text(encoding="utf-8"), f"README block for {name} differs from the file"
+    in_readme = _EXAMPLE_BLOCK.findall(README.read_text(encoding="utf-8"))
+    assert {"examples/cacheback_fanin.py", "examples/your_documents.py"} <= {name for name, _ in in_readme}
+    for name, code in blocks + in_readme:
+        assert code == (ROOT / name).read_text(encoding="utf-8"), f"the block for {name} differs from the file"
 
 
 def test_readme_episode_line_loads(tmp_path):

@@ -16,6 +16,7 @@ from latentwire.wire import decode, encode
 
 from test_attend import DOC, QUERY, eager_attention
 from latentwire.attention import attend
+from latentwire.models.compat import cache_arg, output_cache
 
 DOCS = ("The access code of the north warehouse is 7341. The lights were replaced.",
         "Maria Lopez leads the Falcon project, which is based in Lisbon.")
@@ -63,7 +64,7 @@ def test_think_equals_one_forward_over_its_inputs(other_arch, kv_diff):
     out = agent.think(state, 3)
     with torch.inference_mode():
         embeds = torch.cat([agent.embed(state.token_ids), out.latents])[None]
-        cache = agent.model.model(inputs_embeds=embeds, use_cache=True).past_key_values
+        cache = output_cache(agent.model.model(inputs_embeds=embeds, use_cache=True))
     ref = KVState.from_cache(cache, agent.geometry, out.token_ids, out.latents)
     assert kv_diff(out, ref) <= 1e-4 and kv_diff(out, ref, "values") <= 1e-4
 
@@ -113,7 +114,7 @@ def test_a_model_whose_layers_all_slide_is_scored_while_its_window_holds_the_sta
     with torch.inference_mode():
         ids = agent.ids(agent.tokenizer(QUERY, add_special_tokens=False)["input_ids"])
         agent.model.set_attn_implementation("eager")
-        out = agent.model.model(input_ids=ids[None], past_key_values=state.to_cache(), use_cache=True,
+        out = agent.model.model(input_ids=ids[None], **cache_arg(agent.model.model, state.to_cache()), use_cache=True,
                                 position_ids=torch.arange(len(state), len(state) + len(ids))[None],
                                 output_attentions=True)
     want = torch.stack([a[0, :, :, :len(state)] for a in out.attentions]).float()
@@ -158,6 +159,7 @@ def test_layers_without_rope_are_refused(name, tokenizer):
         Agent(model, tokenizer, model_name=name).prefill("Read this.")
 
 
+@pytest.mark.kvpress
 @pytest.mark.parametrize("selector", ["snapkv", "chunkkv", "kvzip"])
 def test_kvpress_scorers_that_rotate_queries_refuse_interleaved_or_partial_rope(selector, tokenizer):
     """kvpress rotates SnapKV's and KVzip's queries the Llama way, over the whole head: refused on Cohere

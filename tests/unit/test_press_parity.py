@@ -16,6 +16,9 @@ from latentwire.agent import Agent
 from latentwire.models import tiny_model
 from latentwire.select.press_recording import (_aggregate, _kv, _model_restored, kvzip_layer_scores, kvzip_scores,
                                                record_prefill_layer_scores, record_prefill_scores, recording_press)
+from latentwire.models.compat import cache_arg, output_cache
+
+pytestmark = pytest.mark.kvpress  # kvpress's own scorers: needs the `kvpress` extra
 
 RATIO = 0.5  # kvpress compression_ratio: keep int(T · 0.5) rows per (layer, KV head)
 PRESSES = {
@@ -45,13 +48,13 @@ def test_recorded_scores_select_what_kvpress_keeps(tokenizer, random_ids, arch, 
     model, ids = agent.model, random_ids(64, seed=5)
     T, n_kept = ids.shape[1], int(ids.shape[1] * (1 - RATIO))
     with torch.inference_mode(), _model_restored(model, attn):
-        full = model.model(ids, use_cache=True).past_key_values
+        full = output_cache(model.model(ids, use_cache=True))
         pruned_cache = agent.new_cache()
         with make(kv)(model):  # kvpress its own way: the cache comes out pruned
-            model.model(ids, past_key_values=pruned_cache, use_cache=True)
+            model.model(ids, **cache_arg(model.model, pruned_cache), use_cache=True)
         rec = recording_press(make(kv))
         with rec(model):  # latentwire's way: the same scorer, recorded, nothing pruned
-            model.model(ids, past_key_values=agent.new_cache(), use_cache=True)
+            model.model(ids, **cache_arg(model.model, agent.new_cache()), use_cache=True)
     for i in range(len(model.model.layers)):
         ours = [set(s.topk(n_kept).indices.tolist()) for s in rec.scores[i]]  # (H_kv, T) -> top-k per head
         theirs = kept_rows(full.layers[i].keys[0], pruned_cache.layers[i].keys[0])
@@ -67,7 +70,7 @@ def test_the_parity_check_tells_presses_apart(tokenizer, random_ids):
     for name in ("snapkv", "knorm"):
         cache = agent.new_cache()
         with torch.inference_mode(), PRESSES[name][0](kv)(agent.model):
-            agent.model.model(ids, past_key_values=cache, use_cache=True)
+            agent.model.model(ids, **cache_arg(agent.model.model, cache), use_cache=True)
         kept[name] = [layer.keys for layer in cache.layers]
     assert any(not torch.equal(a, b) for a, b in zip(kept["snapkv"], kept["knorm"]))
 
@@ -93,7 +96,7 @@ def test_per_layer_scores_are_what_the_selectors_aggregate(tokenizer, tmp_path):
     zp, seen = kv.KVzipPress(compression_ratio=0.5, chunk_size=40), []
     zp.compress_post = lambda m: seen.append(zp.score_val[:, 0].clone())  # (L, H, T) scores, before any pruning
     with zp(model), torch.inference_mode():
-        model.model(input_ids=state.token_ids[None], past_key_values=agent.new_cache())
+        model.model(input_ids=state.token_ids[None], **cache_arg(model.model, agent.new_cache()))
     for i in layers:
         assert torch.allclose(zipped[i], seen[0][i].double(), atol=1e-6), i
         assert float(zipped[i].abs().max()) > 0  # not vacuous

@@ -10,6 +10,9 @@ from latentwire.agent import Agent
 from latentwire.models import tiny_model, tiny_tokenizer
 from latentwire.select import SELECTORS, always_kept, fanin_budget, get_selector, select_rows
 from latentwire.select.presses import PressUnsupportedError, _kv, chunk_row_scores, kvzip_scores, recording_press
+from latentwire.models.compat import cache_arg
+
+pytestmark = pytest.mark.kvpress  # kvpress's own scorers: needs the `kvpress` extra
 
 PRESSES = ("snapkv", "h2o", "tova", "knorm", "chunkkv", "kvzip")
 DOC = "The blue crate holds 58 bolts. The red crate is empty. " * 2
@@ -154,5 +157,5 @@ def test_kvzip_driver_matches_kvzip_press_itself(tmp_path):
     press, seen = _kv().KVzipPress(compression_ratio=0.5, chunk_size=40), []
     press.compress_post = lambda m: seen.append(press.score_val[:, 0].clone())  # scores, before any pruning
     with press(model), torch.inference_mode():
-        model.model(input_ids=state.token_ids[None], past_key_values=DynamicCache(config=model.config))
+        model.model(input_ids=state.token_ids[None], **cache_arg(model.model, DynamicCache(config=model.config)))
     assert torch.allclose(ours, seen[0].double().mean(dim=(0, 1)), atol=1e-6)

@@ -1,11 +1,13 @@
 """Selectors: formulas on hand-made attention, exact budgets, determinism, shapes on all three families."""
 import math
+import sys
 
 import pytest
 import torch
 
 from latentwire.agent import Agent
-from latentwire.errors import PressUnsupportedError, UnknownNameError
+from latentwire.errors import MissingExtraError, PressUnsupportedError, UnknownNameError
+from latentwire.select.presses import kvpress_installed
 from latentwire.models import tiny_model, tiny_tokenizer
 from latentwire.protocols import get_protocol
 from latentwire.select import SELECTORS, TextSelector, always_kept, fanin_budget, fixed_chain_budget, get_selector, \
@@ -114,6 +116,10 @@ def finished(request):
 def test_every_selector_scores_every_row_deterministically(finished, name):
     agent, state = finished
     sel = get_selector(name)
+    if sel.extra == "kvpress" and not kvpress_installed():  # the core install: the typed error names the extra
+        with pytest.raises(MissingExtraError, match=r"latentwire\[kvpress\]"):
+            sel.score(agent, state, "How many bolts?")
+        return
     if name == "kvzip" and "sliding" in state.geometry.layer_types:  # kvpress refuses Gemma3: a typed error
         with pytest.raises(PressUnsupportedError, match="Gemma3"):
             sel.score(agent, state, "How many bolts?")
@@ -265,3 +271,20 @@ def test_cacheback_sentence_spans_keep_whole_sentences(agent_for):
     assert len(kept_doc) == budget
     whole = [g for g in groups if set(g) <= kept_doc]
     assert sum(map(len, whole)) >= budget - max(map(len, groups))  # at most one group cut to fit
+
+
+def test_a_kvpress_selector_on_the_core_install_names_the_extra(finished, monkeypatch):
+    """kvpress is the optional extra `kvpress`: without it (blocked here as on a core install) every kvpress selector
+    raises MissingExtraError with the pip line, and a protocol built on one is refused before any compute."""
+    agent, state = finished
+    monkeypatch.setitem(sys.modules, "kvpress", None)
+    assert not kvpress_installed()
+    kvpress_names = [n for n in SELECTORS if SELECTORS[n].extra == "kvpress"]
+    assert set(kvpress_names) == {"snapkv", "h2o", "tova", "knorm", "chunkkv", "kvzip"}
+    for name in kvpress_names:
+        with pytest.raises(MissingExtraError, match=r"pip install 'latentwire\[kvpress\]'") as e:
+            get_selector(name).score(agent, state, "How many bolts?")
+        assert isinstance(e.value, ImportError) and e.value.extra == "kvpress"
+    with pytest.raises(MissingExtraError, match="kvpress"):
+        get_protocol("cacheback", selector="snapkv")
+    assert get_protocol("cacheback", selector="cacheback").selector == "cacheback"  # the core selectors still run

@@ -2,6 +2,7 @@
 and is charged the read's measured time; outside it nothing is kept."""
 import json
 
+import pytest
 import torch
 
 from latentwire.agent import Agent
@@ -9,7 +10,7 @@ from latentwire.bench.episode import Episode, Span, write_episodes
 from latentwire.bench.runner import RunConfig, run
 from latentwire.models import tiny_model, tiny_tokenizer
 from latentwire.protocols import get_protocol
-from latentwire.protocols.reads import read, shared_reads
+from latentwire.protocols.reads import HeldReads, read, shared_reads
 
 DOC, Q = "The blue crate holds 58 bolts. The red crate holds 12 nails.", "How many bolts?"
 
@@ -147,3 +148,58 @@ def test_text_protocols_at_two_budgets_share_their_reports(agent_for, spy_decode
     # decodes: small alone (report, answer), big (report, answer), small in the block (answer: its report shared)
     assert len(seen) == 5
     assert torch.equal(seen[1][1], seen[4][1]) and seen[1][0] == seen[4][0]  # the same input to the same answer
+
+
+# -- held reads: agents that already hold their documents ------------------------------------------
+def test_a_held_read_serves_k_questions_from_one_read_charged_zero_after_the_first(agent_for):
+    agent = agent_for("qwen2")
+    held = HeldReads()
+    fresh = read(agent, DOC, 2, "rescale").state  # outside any block: the reference
+    served = []
+    for _ in range(3):  # three questions, three blocks
+        with shared_reads(held):
+            served.append(read(agent, DOC, 2, "rescale"))
+    assert held.reads_computed == 2  # one prefill + one latent-step run, for all three questions
+    assert [r.held for r in served] == [False, True, True] and served[0].seconds > 0
+    assert served[1].seconds == served[2].seconds == 0.0  # read before the question arrived: question time
+    assert all(r.state is served[0].state for r in served)
+    for a, b in zip(fresh.layers, served[2].state.layers):  # the held state is the state a fresh read gives
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    assert held.nbytes >= fresh.nbytes > 0
+
+
+def test_a_protocol_on_held_reads_answers_as_a_fresh_run_with_question_time_seconds(agent_for, spy_decode):
+    agent = agent_for("llama")
+    seen = spy_decode(agent)
+    proto = get_protocol("cacheback", ratio=4, latent_steps=1, max_new_tokens=1)
+    cold = proto.run([agent], [DOC], agent, Q)
+    held = HeldReads()
+    outs = []
+    for _ in range(2):
+        with shared_reads(held):
+            outs.append(proto.run([agent], [DOC], agent, Q))
+    assert held.reads_computed == 2 and len(seen) == 3
+    for s1, h1, k1 in seen[1:]:  # the receiver decodes from the same input all three times
+        assert s1 == seen[0][0] and torch.equal(h1, seen[0][1]) and all(map(torch.equal, k1, seen[0][2]))
+    assert outs[0].answer == outs[1].answer == cold.answer
+    assert outs[1].details["senders"][0]["read_s"] == 0.0 < outs[0].details["senders"][0]["read_s"]
+
+
+def test_held_reads_stay_within_their_bound_least_recently_used_first(agent_for):
+    agent = agent_for("llama")
+    held = HeldReads(max_bytes=0)
+    with shared_reads(held):
+        read(agent, DOC, 1, "rescale")
+        assert held.nbytes > 0  # kept while the block runs
+    assert held.nbytes == 0 and held.dropped == 2 and not held.memo
+    one = read(agent, DOC, 1, "rescale").state.nbytes
+    held = HeldReads(max_bytes=3 * one)  # room for one document's prefill + state, not two documents'
+    with shared_reads(held):
+        read(agent, DOC, 1, "rescale")
+    with shared_reads(held):
+        read(agent, DOC + " More words here.", 1, "rescale")
+    assert held.nbytes <= 3 * one and held.dropped >= 1
+    with shared_reads(held):
+        assert read(agent, DOC + " More words here.", 1, "rescale").held  # the recent one is kept
+    with pytest.raises(ValueError, match="max_bytes"):
+        HeldReads(max_bytes=-1)

@@ -1,5 +1,6 @@
 """KVState <-> transformers DynamicCache, and the row operations select / concat."""
 import copy
+import warnings
 
 import pytest
 import torch
@@ -7,6 +8,7 @@ from transformers.cache_utils import DynamicCache
 
 from latentwire.errors import GeometryMismatchError, StateFormatError
 from latentwire.state import KVState
+from latentwire.models.compat import cache_arg, output_cache
 
 
 def layers_equal(a: KVState, b: KVState) -> bool:
@@ -37,7 +39,7 @@ def test_greedy_generation_from_state_cache_is_identical(models, geometry_for, g
     model, ids = models[arch], random_ids(T, seed=3)
     with torch.inference_mode():
         cache = DynamicCache(config=model.config)
-        logits = model(input_ids=ids, past_key_values=cache, use_cache=True).logits
+        logits = model(input_ids=ids, **cache_arg(model, cache), use_cache=True).logits
     state = KVState.from_cache(cache, geometry_for(arch), ids[0])
     ours = state.to_cache()
     ref_tokens, ref_logits = greedy(model, copy.deepcopy(cache), logits, 12)
@@ -67,7 +69,7 @@ def test_gemma3_to_cache_accepts_selection_outside_window(prefill_state, random_
 def test_from_cache_refuses_batch_of_two(models, geometry_for, arch, random_ids):
     ids = torch.cat([random_ids(10, seed=1), random_ids(10, seed=2)])
     with torch.inference_mode():
-        cache = models[arch](ids, use_cache=True).past_key_values
+        cache = output_cache(models[arch](ids, use_cache=True))
     with pytest.raises(StateFormatError, match="batch"):
         KVState.from_cache(cache, geometry_for(arch), ids[0])
 
@@ -75,7 +77,7 @@ def test_from_cache_refuses_batch_of_two(models, geometry_for, arch, random_ids)
 def test_from_cache_refuses_wrong_token_count(models, geometry_for, arch, random_ids):
     ids = random_ids(10)
     with torch.inference_mode():
-        cache = models[arch](ids, use_cache=True).past_key_values
+        cache = output_cache(models[arch](ids, use_cache=True))
     with pytest.raises(StateFormatError):
         KVState.from_cache(cache, geometry_for(arch), ids[0, :9])
 
@@ -83,7 +85,7 @@ def test_from_cache_refuses_wrong_token_count(models, geometry_for, arch, random
 def test_from_cache_refuses_other_geometry(models, geometry_for, random_ids):
     ids = random_ids(10)
     with torch.inference_mode():
-        cache = models["llama"](ids, use_cache=True).past_key_values
+        cache = output_cache(models["llama"](ids, use_cache=True))
     with pytest.raises(GeometryMismatchError):
         KVState.from_cache(cache, geometry_for("gemma3"), ids[0])
 
@@ -152,7 +154,7 @@ def test_concat_refuses_other_arch(prefill_state, random_ids):
 def test_concat_refuses_other_model_name(models, geometry_for, random_ids):
     ids = random_ids(6)
     with torch.inference_mode():
-        cache = models["llama"](ids, use_cache=True).past_key_values
+        cache = output_cache(models["llama"](ids, use_cache=True))
     a = KVState.from_cache(cache, geometry_for("llama"), ids[0])
     b = KVState.from_cache(cache, geometry_for("llama", name="llama-finetune"), ids[0])
     with pytest.raises(GeometryMismatchError, match="model"):
@@ -165,7 +167,7 @@ def test_gemma3_split_then_concat_continues_like_joint_prefill(models, geometry_
     model, ids = models["gemma3"], random_ids(29, seed=5)
     with torch.inference_mode():
         joint = DynamicCache(config=model.config)
-        logits = model(input_ids=ids, past_key_values=joint, use_cache=True).logits
+        logits = model(input_ids=ids, **cache_arg(model, joint), use_cache=True).logits
     whole = KVState.from_cache(joint, geometry_for("gemma3"), ids[0])
     head, tail = whole.select(range(24)), whole.select(range(24, 29)).compact()
     assert len(tail) < 8  # shorter than the window: its cache needs two rows of the head's window
@@ -189,3 +191,14 @@ def test_gemma3_concat_of_independent_states_to_cache(models, prefill_state, geo
     assert (cache.layers[0].values[0] - joint.layers[0].values).abs().max() <= 1e-6
     back = KVState.from_cache(cache, joint.geometry, joint_ids[0])
     assert torch.equal(back.layers[0].positions, torch.arange(22, 29))
+
+
+def test_the_cache_goes_in_under_the_name_this_transformers_takes(models, random_ids):
+    """transformers 5.25 renamed forward's `past_key_values` to `cache` (the old name warns until 5.40): the
+    library passes and reads the cache under whichever name the installed release uses, without a warning."""
+    for model in (models["llama"], models["gemma3"].model):
+        ids = random_ids(6)
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            out = model(input_ids=ids, **cache_arg(model, DynamicCache(config=model.config)), use_cache=True)
+        assert output_cache(out).get_seq_length() == 6

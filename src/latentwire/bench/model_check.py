@@ -24,6 +24,7 @@ import torch
 from ..agent import Agent
 from ..state import KVState
 from ..attention import attend
+from ..models.compat import cache_arg
 
 PROMPT = "Ada Lovelace wrote the first program for the Analytical Engine in 1843, in Marylebone, London."
 QUERY = "Who wrote the first program?"
@@ -74,7 +75,7 @@ def check_model(agent: Agent) -> list[Check]:
     before = agent.model.config._attn_implementation
     agent.model.set_attn_implementation("eager")
     try:
-        ref = agent.decoder(input_ids=q[None], past_key_values=state.compact().to_cache(), use_cache=True,
+        ref = agent.decoder(input_ids=q[None], **cache_arg(agent.decoder, state.compact().to_cache()), use_cache=True,
                             position_ids=torch.arange(len(state), len(state) + len(q), device=agent.device)[None],
                             output_attentions=True).attentions
     finally:

@@ -189,7 +189,9 @@ def _memory() -> dict:
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     with open("/proc/self/statm") as f:
         rss_mb = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    return {"rss_mb": round(rss_mb, 1), "peak_rss_mb": round(peak_mb, 1)}
+    # load_1min: the machine's 1-minute load average when the record closed; above the core count, other work
+    # shared the cores and this record's seconds are inflated (reports can flag or drop such records)
+    return {"rss_mb": round(rss_mb, 1), "peak_rss_mb": round(peak_mb, 1), "load_1min": round(os.getloadavg()[0], 2)}
 
 
 def run(config: RunConfig, out_dir: str | Path, progress: bool = True, agent: Agent | None = None) -> Path:

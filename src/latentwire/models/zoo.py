@@ -15,6 +15,7 @@ casts them to the requested dtype. Names that are neither bundled nor a local fo
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -286,10 +287,21 @@ def _gemma_tokenizer(gguf_path: Path, broken):
 
 
 def build_cache(name: str) -> Path:
-    """Dequantise once and write a plain HF folder (fp32 safetensors + config + tokenizer)."""
+    """Dequantise once and write a plain HF folder (fp32 safetensors + config + tokenizer). Processes that
+    build the same model at once (parallel test workers, two CLIs) take turns on a lock file: the first builds,
+    the others find its finished cache and return it."""
+    entry = get_zoo_model(name)
+    entry.cache_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(entry.cache_dir.parent / f".{entry.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if entry.cached:  # built by another process while this one waited
+            return entry.cache_dir
+        return _build_cache(entry)
+
+
+def _build_cache(entry: "ZooModel") -> Path:
     from safetensors.torch import save_file
 
-    entry = get_zoo_model(name)
     t0 = time.perf_counter()
     model, tokenizer = load_gguf(entry.name)
     entry.cache_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -314,6 +326,20 @@ def build_cache(name: str) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return entry.cache_dir
+
+
+def _tokenizer(source, bundled: bool, local: bool):
+    """The tokenizer. A bundled cache's tokenizer.json *is* the tokenizer (converted from the GGUF); transformers'
+    GGUF conversion labels SmolLM2's GPT-2 byte-level BPE "CodeLlamaTokenizer", which 5.2 loads generically but
+    newer releases (measured on 5.25) instantiate as the real CodeLlama class, whose SentencePiece-style space
+    handling breaks every space. Such a cache loads its tokenizer.json as is, identically on every release."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    if bundled:
+        config = json.loads((Path(source) / "tokenizer_config.json").read_text())
+        if config.get("tokenizer_class") == "CodeLlamaTokenizer":
+            return PreTrainedTokenizerFast.from_pretrained(source, local_files_only=True)
+    return AutoTokenizer.from_pretrained(source, local_files_only=local)
 
 
 def _is_pathlike(name: str) -> bool:
@@ -376,7 +402,7 @@ def load(name_or_path: str = DEFAULT_MODEL, dtype: str | torch.dtype | None = No
     if not local and not _hub_resolvable():
         local = True  # no route to the hub: read the HF cache now instead of 25 s of retries, then fail
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=local)
+        tokenizer = _tokenizer(source, name_or_path in ZOO, local)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=place.dtype, local_files_only=local)
     except OSError as e:  # transformers raises OSError (or subclasses) for missing / unreachable repos
         raise ModelNotFoundError(

@@ -113,6 +113,7 @@ class CacheBack(Protocol):
         if self.calibration_floor <= 0:
             raise ValueError(f"calibration_floor must be > 0, got {self.calibration_floor}")
         self._selector = get_selector(self.selector, **self.selector_params)
+        self._selector.check_installed()  # a kvpress selector without the extra: refused before any compute
         self._fuse = None
         if self.fuse is not None:
             if self.fuse not in SELECTORS or not issubclass(SELECTORS[self.fuse], TextSelector):

@@ -18,6 +18,12 @@ decode takes up to its last choice.
 Outside `shared_reads()` nothing is kept: `read` is `sender.think(sender.prefill(prompt), G, mode)` and
 `report` is `sender.answer(prompt, max_new_tokens=cap)`.
 States are values (protocols never mutate them), so handing one state to several protocols is safe.
+
+Held reads (agents that already hold their documents): `shared_reads(held)` with a `HeldReads` keeps the
+memo across blocks, one block per question. A read computed in an earlier block was done before this
+question arrived, so it is charged 0 s: the protocol's sender seconds and TTEOA are then *question-time*
+(`Read.held` says so). `HeldReads` bounds the bytes it keeps (least recently used reads go first) and
+counts the reads it computed, so "read once for k questions" is checkable.
 """
 from __future__ import annotations
 
@@ -30,24 +36,92 @@ from ..agent import Agent, Answer
 from ..state import KVState
 
 _MEMO: ContextVar[dict | None] = ContextVar("latentwire_shared_reads", default=None)
+_HELD: ContextVar["HeldReads | None"] = ContextVar("latentwire_held_reads", default=None)
 
 
 class Read(NamedTuple):
     state: KVState
-    seconds: float  # measured prefill + latent steps of this state (charged to every protocol using it)
+    seconds: float  # measured prefill + latent steps of this state (charged to every protocol using it); 0 if held
     shared: bool  # True when an earlier protocol in the same `shared_reads()` block computed it
+    held: bool = False  # True when it was read before this question (an earlier block of the same HeldReads)
+
+
+class HeldReads:
+    """Reads kept across questions, within `max_bytes` of KV (least recently used reads are dropped first).
+
+        held = HeldReads(max_bytes=2 * 2**30)
+        with shared_reads(held):
+            first = protocol.run(senders, docs, receiver, "Who ...?")  # reads: cold
+        with shared_reads(held):
+            again = protocol.run(senders, docs, receiver, "And when ...?")  # reads held: charged 0 s
+    """
+
+    def __init__(self, max_bytes: int = 4 * 2**30):
+        if not isinstance(max_bytes, int) or max_bytes < 0:
+            raise ValueError(f"max_bytes must be an int ≥ 0, got {max_bytes!r}")
+        self.max_bytes = max_bytes
+        self.memo: dict = {}
+        self.block = 0  # increments at each `shared_reads(self)`: entries from an earlier block are held
+        self.born: dict = {}  # memo key -> block that computed it
+        self.used: dict = {}  # memo key -> last block that used it (LRU order)
+        self.reads_computed = 0  # prefills + latent-step runs actually computed (not served)
+        self.served_held = 0  # finished states served from an earlier block (read before the question)
+        self.dropped = 0  # entries dropped to stay within max_bytes
+
+    @property
+    def nbytes(self) -> int:
+        """KV bytes held (a prefill and its latent-step continuations count separately)."""
+        return sum(_entry_bytes(v) for v in self.memo.values())
+
+    def release(self) -> None:
+        """Drop every held read."""
+        self.memo.clear(), self.born.clear(), self.used.clear()
+
+    def _charge(self, key, seconds: float) -> tuple[float, bool]:
+        """(seconds to charge, held?) for an entry served now; marks it used."""
+        self.used[key] = self.block
+        held = self.born.get(key, self.block) < self.block
+        return (0.0 if held else seconds), held
+
+    def _add(self, key, value) -> None:
+        self.memo[key] = value
+        self.born[key] = self.used[key] = self.block
+        if not (isinstance(key, tuple) and key and key[0] == "report"):
+            self.reads_computed += 1
+
+    def _fit(self) -> None:
+        """Drop least recently used entries until the held bytes fit `max_bytes`."""
+        over = self.nbytes - self.max_bytes
+        for key in sorted(self.memo, key=lambda k: self.used.get(k, -1)):
+            if over <= 0:
+                break
+            over -= _entry_bytes(self.memo.pop(key))
+            self.born.pop(key, None), self.used.pop(key, None)
+            self.dropped += 1
+
+
+def _entry_bytes(value) -> int:
+    state = value[0] if isinstance(value, tuple) else None
+    return state.nbytes if isinstance(state, KVState) else 0
 
 
 @contextmanager
-def shared_reads() -> Iterator[dict]:
-    """Within the block, each (sender, prompt, G, mode) is read once; yields the memo (for inspection)."""
-    memo: dict = {}
-    token = _MEMO.set(memo)
+def shared_reads(held: HeldReads | None = None) -> Iterator[dict]:
+    """Within the block, each (sender, prompt, G, mode) is read once; yields the memo (for inspection). With
+    `held`, the memo outlives the block (reads from earlier blocks are charged 0 s) and is trimmed to its bound."""
+    if held is not None:
+        held.block += 1
+    memo: dict = {} if held is None else held.memo
+    token, held_token = _MEMO.set(memo), _HELD.set(held)
     try:
         yield memo
     finally:
         _MEMO.reset(token)
-        memo.clear()
+        _HELD.reset(held_token)
+        if held is None:
+            memo.clear()
+        else:
+            held._fit()
 
 
 def read(sender: Agent, prompt: str, latent_steps: int, latent_mode: str) -> Read:
@@ -57,22 +131,31 @@ def read(sender: Agent, prompt: str, latent_steps: int, latent_mode: str) -> Rea
         t0 = time.perf_counter()
         state = sender.think(sender.prefill(prompt), latent_steps, latent_mode)
         return Read(state, time.perf_counter() - t0, False)
+    held = _HELD.get()
     who = (id(sender), sender.model_name, str(sender.dtype), str(sender.device), prompt)
     key = who + (latent_steps, latent_mode)
     if key in memo:
         state, seconds = memo[key]
-        return Read(state, seconds, True)
+        if held is None:
+            return Read(state, seconds, True)
+        charged, was_held = held._charge(key, seconds)
+        held.served_held += was_held
+        return Read(state, charged, not was_held, was_held)
+    put = memo.__setitem__ if held is None else held._add
     if who in memo:  # the prefill is shared between latent-step counts and modes
         prefilled, prefill_s = memo[who]
+        if held is not None:
+            prefill_s = held._charge(who, prefill_s)[0]
     else:
         t0 = time.perf_counter()
         prefilled = sender.prefill(prompt)
         prefill_s = time.perf_counter() - t0
-        memo[who] = (prefilled, prefill_s)
+        put(who, (prefilled, prefill_s))
     t0 = time.perf_counter()
     state = sender.think(prefilled, latent_steps, latent_mode)
-    memo[key] = (state, prefill_s + time.perf_counter() - t0)
-    return Read(state, memo[key][1], False)
+    seconds = prefill_s + time.perf_counter() - t0
+    put(key, (state, seconds))
+    return Read(state, seconds, False)
 
 
 class Report(NamedTuple):

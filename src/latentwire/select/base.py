@@ -24,10 +24,15 @@ SPAN = 16  # positions per span (CacheBack appendix C)
 class Selector(ABC):
     name: ClassVar[str]
     query_conditioned: ClassVar[bool] = False
+    extra: ClassVar[str | None] = None  # the optional extra whose package it runs on (None: the core install)
 
     @abstractmethod
     def score(self, agent: Agent, state: KVState, query: str) -> torch.Tensor:
         """(T,) float scores, higher = keep; only ranks matter."""
+
+    def check_installed(self) -> None:
+        """Raise MissingExtraError if `extra`'s package is missing (cheap: located, not imported). Protocols call it
+        when they are built, so a run that cannot score fails before any compute."""
 
 
 @dataclass

@@ -1,6 +1,7 @@
 """Recording kvpress scorers during a prefill instead of pruning (see `presses.py` for the selectors)."""
 from __future__ import annotations
 
+import importlib.util
 import logging
 import time
 from contextlib import contextmanager
@@ -11,7 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..agent import Agent
-from ..errors import PressUnsupportedError
+from ..errors import MissingExtraError, PressUnsupportedError
 from ..rope import decoder_of
 from ..state import KVState
 
@@ -45,10 +46,32 @@ def chunk_row_scores(scores: torch.Tensor, chunk_length: int) -> torch.Tensor:
     return out[:, None]
 
 
+def kvpress_installed() -> bool:
+    """Whether the `kvpress` extra is installed (located, not imported)."""
+    try:
+        return importlib.util.find_spec("kvpress") is not None
+    except ValueError:  # sys.modules["kvpress"] is None: blocked, as on a core install
+        return False
+
+
+def require_kvpress() -> None:
+    """MissingExtraError naming the `kvpress` extra unless kvpress is installed (cheap: no import)."""
+    if not kvpress_installed():
+        raise MissingExtraError("the kvpress selectors (snapkv, h2o, tova, knorm, chunkkv, kvzip)", "kvpress",
+                                "kvpress==0.5.5")
+
+
 def _kv():
     """The kvpress package, imported on first use: importing it costs ~2.5 s (it loads many model
-    classes), which every latentwire process that imports `latentwire.select` would otherwise pay."""
-    import kvpress as kv
+    classes), which every latentwire process that imports `latentwire.select` would otherwise pay. kvpress is
+    the optional extra `kvpress` (it pins transformers < 5.3); without it these selectors raise
+    `MissingExtraError` naming the extra."""
+    try:
+        import kvpress as kv
+    except ImportError as e:  # not installed, or blocked (sys.modules["kvpress"] = None)
+        require_kvpress()
+        raise MissingExtraError("the kvpress selectors (snapkv, h2o, tova, knorm, chunkkv, kvzip)", "kvpress",
+                                "kvpress==0.5.5") from e
 
     return kv
 

@@ -132,7 +132,7 @@ from ..errors import PressUnsupportedError  # noqa: F401  (re-exported: callers 
 from ..state import KVState
 from .base import Selector, register
 from .press_recording import (CHUNKKV_SCORERS, _kv, _refuse_sliding, _with_latents, chunk_row_scores,  # noqa: F401
-                              kvzip_scores, record_prefill_scores, recording_press, refuse_rope_kvpress_cannot_rotate)
+                              kvpress_installed, kvzip_scores, require_kvpress, record_prefill_scores, recording_press, refuse_rope_kvpress_cannot_rotate)
 
 if TYPE_CHECKING:
     from kvpress import BasePress
@@ -142,6 +142,8 @@ if TYPE_CHECKING:
 class PressSelector(Selector):
     """A selector whose scores are a kvpress scorer's, recorded during a prefill of the state's tokens."""
 
+    extra: ClassVar[str | None] = "kvpress"
+    check_installed = staticmethod(require_kvpress)
     attn_implementation: ClassVar[str | None] = None  # forced for the recording pass (None: the model's)
     rotates_queries: ClassVar[bool] = False  # kvpress rotates queries itself (SnapKV's window attention)
     # Timing of the last `score` call (see the module docstring): subtract `last_seconds` from a
@@ -154,6 +156,7 @@ class PressSelector(Selector):
         """The kvpress press to record, for a prefill of n_tokens (≥ 2) tokens."""
 
     def score(self, agent: Agent, state: KVState, query: str) -> torch.Tensor:
+        _kv()  # without the kvpress extra: MissingExtraError before any compute, whatever the state's size
         if self.rotates_queries:
             refuse_rope_kvpress_cannot_rotate(agent, self.name)
         n = int((~state.is_latent).sum())
@@ -252,6 +255,8 @@ class ChunkKVSelector(PressSelector):
 @dataclass
 class KVzipSelector(Selector):
     name = "kvzip"
+    extra: ClassVar[str | None] = "kvpress"
+    check_installed = staticmethod(require_kvpress)
     chunk_size: int = 2048  # kvpress default: context tokens reconstructed per replay pass
     plus: bool = False  # KVzip+ normalisation (divide by ‖h‖, multiply by ‖W_O v‖)
     last_seconds: float = field(default=0.0, init=False, repr=False, compare=False)  # always 0: no re-run
@@ -265,6 +270,7 @@ class KVzipSelector(Selector):
 
     def score(self, agent: Agent, state: KVState, query: str) -> torch.Tensor:
         self.last_seconds = self.last_press_seconds = 0.0
+        _kv()  # without the kvpress extra: MissingExtraError before any compute
         agent.geometry.check_same(state.geometry)
         _refuse_sliding(agent, state)
         refuse_rope_kvpress_cannot_rotate(agent, self.name)

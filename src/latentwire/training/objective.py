@@ -5,6 +5,7 @@ import torch
 
 from ..agent import Agent
 from ..state import KVState
+from ..models.compat import cache_arg
 
 TURN_END = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>")
 
@@ -35,7 +36,7 @@ def answer_loss(agent: Agent, state: KVState, question: str, answer: str) -> tor
     agent.geometry.check_same(state.geometry)
     # the translator trains in float32; the frozen receiver reads in its own dtype (the cast passes gradients)
     cache = (state if state.is_compact else state.compact()).to(device, agent.dtype).to_cache()
-    out = agent.decoder(input_ids=ids[None], past_key_values=cache,
+    out = agent.decoder(input_ids=ids[None], **cache_arg(agent.decoder, cache),
                         position_ids=torch.arange(T, T + len(ids), device=device)[None], use_cache=True)
     hidden = out.last_hidden_state[0, len(prompt) - 1:-1]  # (n_ans, d): each predicts the next answer token
     logits = agent.logits(hidden).float()
