@@ -117,7 +117,8 @@ def _demo(args) -> int:
     for name in protocols:
         oks = [ok for n, _, ok, _ in rows if n == name]
         print(f"  {name:9} {sum(oks)}/{len(oks)}")
-    print("\nnext: `latentwire inspect` shows what CacheBack sent; docs/results.md has the measured comparisons "
+    print("\nnext: `latentwire inspect --task facts --episode facts-0005` writes inspect.html: what CacheBack "
+          "sent on a benchmark episode, per selector; docs/results.md has the measured comparisons "
           "(`latentwire bench run` reproduces them)")
     return 0
 
@@ -222,11 +223,16 @@ def _train(args) -> int:
 
 
 def _inspect(args) -> int:
-    from .bench.inspect import inspect_episode, screenshot
+    from .bench.inspect import chromium, inspect_episode, screenshot
     from .bench.runner import load_task_episodes
     from .errors import UnknownNameError
 
+    if args.png:
+        chromium()  # refused before any model loads or any episode is computed
     episodes = {e.id: e for e in load_task_episodes(args.task)}
+    if args.episode is None:  # the task's first episode, named so the user can pick another
+        args.episode = next(iter(episodes))
+        print(f"episode {args.episode} (pick another with --episode)")
     if args.episode not in episodes:
         raise UnknownNameError("episode", args.episode, list(episodes)[:20] + ["..."])
     agent = _load_agent(args)
@@ -333,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
                                       "latent rows, which are always sent. Compression = the document's rows / the "
                                       "document rows sent: below --ratio, since B is taken over all T rows.")
     insp.add_argument("--task", default="facts", help="shipped task name or a .jsonl path")
-    insp.add_argument("--episode", required=True, help="episode id, e.g. facts-0005")
+    insp.add_argument("--episode", default=None, help="episode id, e.g. facts-0005 (default: the task's first)")
     insp.add_argument("--model", default="smollm2-135m", help="bundled model name, local HF directory or hub id")
     insp.add_argument("--selectors", default="cacheback,cacheback+generic,mean_query,streaming_llm",
                       help="comma-separated SELECTOR[+CALIBRATION][/sentence], e.g. cacheback+masked/sentence")

@@ -96,7 +96,7 @@ def test_runner_resumes_records_errors_and_reports(tiny_task, tmp_path):
     cfgd = json.loads((out / "config.json").read_text())
     assert cfgd["episodes"] == ["e0", "e1", "e2"] and "torch" in cfgd["environment"]
     # A different configuration in the same folder is refused.
-    with pytest.raises(ConfigError, match="holds a run with another task/model/n/seed"):
+    with pytest.raises(ConfigError, match=r"holds a run with another task/model/n/seed\S* \(seed: 0 there, 1 now\)"):
         run(RunConfig(str(tiny_task), "alone", "llama", seed=1), out, progress=False, agent=agent)
     report = write_report(out)
     assert "| `alone(max_new_tokens=2)` | 3 | 0 |" in report.read_text()

@@ -97,3 +97,15 @@ def test_demo_refuses_a_bad_parameter_before_loading_a_model(monkeypatch):
 
     monkeypatch.setattr(cli, "_load_agent", no_load)
     assert cli.main(["demo", "--ratio", "0"]) == 2
+
+
+def test_inspect_png_without_chromium_is_refused_before_any_compute(monkeypatch, capsys):
+    import shutil
+
+    def no_load(args):
+        raise AssertionError("the model loaded before --png was checked")
+
+    monkeypatch.setattr(cli, "_load_agent", no_load)
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    assert cli.main(["inspect", "--task", "facts", "--episode", "facts-0000", "--png"]) == 2
+    assert "chromium" in capsys.readouterr().err

@@ -103,11 +103,18 @@ def inspect_episode(agent: Agent, ep: Episode, selectors: list[str], ratio: floa
     return "\n".join(parts)
 
 
-def screenshot(html_path: Path, png_path: Path, width: int = 1600, height: int = 2000) -> Path:
-    """Render with headless Chromium; a clear error when it is not installed."""
+def chromium() -> str:
+    """The headless browser `screenshot` uses; a clear error when it is not installed (check before computing)."""
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
-        raise LatentWireError("--png needs Debian's chromium: apt-get install -y chromium")
+        raise LatentWireError("--png needs Debian's chromium: apt-get install -y chromium (or drop --png: the HTML "
+                              "page is written without it)")
+    return exe
+
+
+def screenshot(html_path: Path, png_path: Path, width: int = 1600, height: int = 2000) -> Path:
+    """Render with headless Chromium; a clear error when it is not installed."""
+    exe = chromium()
     with tempfile.TemporaryDirectory() as profile:
         subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                         "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",

@@ -201,7 +201,8 @@ def write_report(run_dir: str | Path, pairs: list[tuple[str, str]] | None = None
     env = config["environment"]
     lines = [f"# Run report: task `{cfg['task']}`, model `{cfg['model']}`", "",
              f"{len(config['episodes'])} episodes (seed {cfg['seed']}, filters {cfg['filters'] or 'none'}); "
-             f"latentwire {env['latentwire']} @ {str(env['git'])[:10]}, torch {env['torch']}, transformers "
+             f"latentwire {env['latentwire']}{' @ ' + str(env['git'])[:10] if env.get('git') else ' (no git checkout)'}, "
+             f"torch {env['torch']}, transformers "
              f"{env['transformers']}, {env['cpus']} CPUs, {env['torch_threads']} threads.", "",
              "Mean ± half-width of the 95% bootstrap CI. Answer scores count episodes that failed with a typed "
              "error as 0; costs are over episodes that ran. TTEOA = slowest sender + receiver "

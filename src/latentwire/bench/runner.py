@@ -276,7 +276,9 @@ def check_resume(cfg_path: Path, resolved: dict, keys: tuple[str, ...], rec_path
     has_records = rec_path.exists() and rec_path.stat().st_size > 0
     first = json.loads(cfg_path.read_text()) if cfg_path.exists() and has_records else None
     if first and {k: first["config"].get(k) for k in keys} != {k: resolved[k] for k in keys}:
-        raise ConfigError(f"{cfg_path.parent} holds a run with another {'/'.join(keys)}; use a new --out")
+        differ = "; ".join(f"{k}: {first['config'].get(k)!r} there, {resolved[k]!r} now" for k in keys
+                           if first["config"].get(k) != resolved[k])
+        raise ConfigError(f"{cfg_path.parent} holds a run with another {'/'.join(keys)} ({differ}); use a new --out")
     return first
 
 
