@@ -251,12 +251,34 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress messages (INFO level)")
     parser.add_argument("--version", action="version", version=f"latentwire {_version()}")
     sub = parser.add_subparsers(dest="cmd", required=True)
+    _add_models(sub)
+    _add_check(sub)
+    _add_demo(sub)
+    _add_serve(sub)
+    _add_bench(sub)
+    _add_train(sub)
+    _add_inspect(sub)
+    for p in parsers(parser):
+        p.formatter_class = _HelpFormatter
+    return parser
+
+
+def _add_models(sub) -> None:
+    """Adds `latentwire models` to `sub` (the sub-parsers of the top-level parser)."""
     sub.add_parser("models", help="list bundled models, their geometry and install state").set_defaults(fn=_models)
+
+
+def _add_check(sub) -> None:
+    """Adds `latentwire check` to `sub`."""
     check = sub.add_parser("check", help="does latentwire work on this model? its geometry, then the laws it "
                                          "relies on, measured on the model (exit 0: all pass)")
     check.add_argument("--model", required=True, help="bundled model name, local HF directory or hub id")
     _placement_args(check, dtype="float32")  # the laws are exact in float32: checked there unless told otherwise
     check.set_defaults(fn=_check)
+
+
+def _add_demo(sub) -> None:
+    """Adds `latentwire demo` to `sub`."""
     demo = sub.add_parser("demo", help="senders read private documents, a receiver answers; every protocol")
     demo.add_argument("--model", default="smollm2-135m", help="bundled model name or local HF directory")
     demo.add_argument("--senders", type=int, default=3, choices=(1, 2, 3), help="sender agents, one document each")
@@ -272,6 +294,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--attach", action="store_true", help="ray: use the agents `latentwire serve` started")
     _placement_args(demo)
     demo.set_defaults(fn=_demo)
+
+
+def _add_serve(sub) -> None:
+    """Adds `latentwire serve` to `sub`."""
     serve = sub.add_parser("serve", help="start agents as Ray actors (separate processes) for other drivers to use")
     serve.add_argument("--model", default="smollm2-135m", help="bundled model name or local HF directory")
     serve.add_argument("--senders", type=int, default=3, help="sender agents (plus one receiver)")
@@ -279,8 +305,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--num-cpus", type=int, default=2, help="CPUs of a local Ray")
     _placement_args(serve)
     serve.set_defaults(fn=_serve)
+
+
+def _add_bench(sub) -> None:
+    """Adds `latentwire bench` and its sub-commands run, report and pair to `sub`."""
     bench = sub.add_parser("bench", help="run protocols over a task and report").add_subparsers(dest="bench",
                                                                                                 required=True)
+    _add_bench_run(bench)
+    _add_bench_report(bench)
+    _add_bench_pair(bench)
+
+
+def _add_bench_run(bench) -> None:
+    """Adds `latentwire bench run` to `bench` (the sub-parsers of `latentwire bench`)."""
     brun = bench.add_parser("run", help="one JSONL record per episode × protocol (resumable)")
     brun.add_argument("--task", required=True, help="shipped task name (facts, code, reasoning) or a .jsonl path")
     brun.add_argument("--protocols", required=True, help="e.g. text,fullkv(latent_steps=8)")
@@ -292,12 +329,20 @@ def build_parser() -> argparse.ArgumentParser:
     brun.add_argument("--out", required=True, help="run folder (re-run to resume)")
     _placement_args(brun)
     brun.set_defaults(fn=_bench_run)
+
+
+def _add_bench_report(bench) -> None:
+    """Adds `latentwire bench report` to `bench`."""
     brep = bench.add_parser("report", help="markdown table with bootstrap CIs, paired verdicts and PNG plots")
     brep.add_argument("run_dir", help="a folder written by `latentwire bench run`")
     brep.add_argument("--compare", nargs=2, action="append", metavar=("A", "B"),
                       help="protocol labels to compare (paired), repeatable; default: each latent protocol vs "
                            "text at its ratio, vs full KV and vs full context")
     brep.set_defaults(fn=_bench_report)
+
+
+def _add_bench_pair(bench) -> None:
+    """Adds `latentwire bench pair` to `bench`."""
     bpair = bench.add_parser("pair", help="split-evidence pairs across two models: alone, t2t, fullcontext, "
                                           "translated(checkpoint=...)")
     bpair.add_argument("--sharer", required=True, help="model holding one document")
@@ -311,6 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
     bpair.add_argument("--out", default=None, help="run folder (re-run to resume); default runs/pairs/TASK_SHARER_RECEIVER")
     _placement_args(bpair)
     bpair.set_defaults(fn=_bench_pair)
+
+
+def _add_train(sub) -> None:
+    """Adds `latentwire train` to `sub`."""
     trn = sub.add_parser("train", help="train a translator between two frozen models (resumable)")
     trn.add_argument("--method", required=True, help="xkv, dense, lcfx or c2c")
     trn.add_argument("--sharer", required=True, help="frozen model whose state is translated")
@@ -331,6 +380,10 @@ def build_parser() -> argparse.ArgumentParser:
     trn.add_argument("--out", default=None, help="checkpoint folder; default runs/translators/METHOD_SHARER_RECEIVER")
     _placement_args(trn)
     trn.set_defaults(fn=_train)
+
+
+def _add_inspect(sub) -> None:
+    """Adds `latentwire inspect` to `sub`."""
     insp = sub.add_parser("inspect", help="one episode as HTML: kept spans per selector, gold evidence underlined",
                           description="One episode as an HTML page: per sender and selector, the document text "
                                       "CacheBack would send (highlighted) and the gold evidence (underlined). A "
@@ -349,9 +402,6 @@ def build_parser() -> argparse.ArgumentParser:
     insp.add_argument("--png", action="store_true", help="also render a PNG with headless chromium")
     _placement_args(insp)
     insp.set_defaults(fn=_inspect)
-    for p in parsers(parser):
-        p.formatter_class = _HelpFormatter
-    return parser
 
 
 def _version() -> str:

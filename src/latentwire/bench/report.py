@@ -187,47 +187,98 @@ def _plain_log_axis(axis) -> None:
 
 
 def write_report(run_dir: str | Path, pairs: list[tuple[str, str]] | None = None) -> Path:
+    """Writes report.md and its two PNG plots into `run_dir`; returns the path of report.md. `pairs`: the
+    verdicts to draw (default: `default_pairs` of the run's protocols)."""
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     run_dir = Path(run_dir)
     config, records = read_run(run_dir)
     if not records:
         raise LatentWireError(f"{run_dir}/records.jsonl has no records yet")
     cfg = config["config"]
     summary = summarize(records, list(cfg["protocols"]))
-    env = config["environment"]
-    lines = [f"# Run report: task `{cfg['task']}`, model `{cfg['model']}`", "",
-             f"{len(config['episodes'])} episodes (seed {cfg['seed']}, filters {cfg['filters'] or 'none'}); "
-             f"latentwire {env['latentwire']}{' @ ' + str(env['git'])[:10] if env.get('git') else ' (no git checkout)'}, "
-             f"torch {env['torch']}, transformers "
-             f"{env['transformers']}, {env['cpus']} CPUs, {env['torch_threads']} threads.", "",
-             "Mean ± half-width of the 95% bootstrap CI. Answer scores count episodes that failed with a typed "
-             "error as 0; costs are over episodes that ran. TTEOA = slowest sender + receiver "
-             "(senders in parallel).", "",
-             "| protocol | n | errors | " + " | ".join(h for _, h, _ in COLUMNS) + " | median TTEOA s |",
+    lines = _header_lines(config) + _summary_lines(summary)
+    lines += _verdict_lines(records, default_pairs(cfg["protocols"]) if pairs is None else pairs)
+    lines += _error_lines(records)
+    points = _tteoa_points(summary)
+    front = pareto_front(points)
+    task = _task_name(cfg["task"])
+    _plot_accuracy(run_dir / "accuracy_vs_tteoa.png", records, summary, points, front,
+                   f"{task} / {cfg['model']}: accuracy vs time to answer")
+    _plot_recall(run_dir / "recall_vs_ratio.png", records, summary, f"{task}: evidence recall vs compression")
+    lines += _plot_lines(front)
+    path = run_dir / "report.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def _header_lines(config: dict) -> list[str]:
+    """The report's title, the run's provenance (episodes, seed, filters, versions, CPUs) and how to read the
+    table."""
+    cfg, env = config["config"], config["environment"]
+    return [f"# Run report: task `{cfg['task']}`, model `{cfg['model']}`", "",
+            f"{len(config['episodes'])} episodes (seed {cfg['seed']}, filters {cfg['filters'] or 'none'}); "
+            f"latentwire {env['latentwire']}{' @ ' + str(env['git'])[:10] if env.get('git') else ' (no git checkout)'}, "
+            f"torch {env['torch']}, transformers "
+            f"{env['transformers']}, {env['cpus']} CPUs, {env['torch_threads']} threads.", "",
+            "Mean ± half-width of the 95% bootstrap CI. Answer scores count episodes that failed with a typed "
+            "error as 0; costs are over episodes that ran. TTEOA = slowest sender + receiver "
+            "(senders in parallel).", ""]
+
+
+def _summary_lines(summary: dict[str, dict]) -> list[str]:
+    """The per-protocol table (header, then one row per protocol of `summarize`)."""
+    lines = ["| protocol | n | errors | " + " | ".join(h for _, h, _ in COLUMNS) + " | median TTEOA s |",
              "|---|---:|---:|" + "---:|" * (len(COLUMNS) + 1)]
     for label, row in summary.items():
         cells = " | ".join(_cell(row[k], fmt) for k, _, fmt in COLUMNS)
         med = "—" if row["tteoa_median"] is None else f"{row['tteoa_median']:.2f}"
         lines.append(f"| `{label}` | {row['n']} | {row['errors']} | {cells} | {med} |")
-    comparisons = [c for c in (compare(records, a, b) for a, b in
-                               (default_pairs(cfg["protocols"]) if pairs is None else pairs)) if c]
-    if comparisons:
-        lines += ["", "Verdicts (paired, on the episodes both protocols ran): accuracy difference a − b with its "
-                  "95% paired bootstrap CI, exact McNemar p on answered-correctly, median of the per-episode TTEOA "
-                  "ratios a ÷ b with its 95% bootstrap CI.", ""] + verdict_table(comparisons)
-    errors = [r for r in records if r.get("error")]
-    if errors:
-        lines += ["", "Errors (first 5):", ""] + [f"- `{r['protocol']}` on `{r['episode']}`: {r['error'][:200]}"
-                                                 for r in errors[:5]]
+    return lines
 
-    points = {lab: (row["tteoa_median"], row["accuracy"][0]) for lab, row in summary.items()
-              if row["tteoa_median"] is not None and row["accuracy"] is not None}
-    front = pareto_front(points)
-    task = Path(cfg["task"]).stem if "/" in cfg["task"] or cfg["task"].endswith(".jsonl") else cfg["task"]
+
+def _verdict_lines(records: list[dict], pairs: list[tuple[str, str]]) -> list[str]:
+    """The verdicts section for the pairs that share episodes, or nothing when none does."""
+    comparisons = [c for c in (compare(records, a, b) for a, b in pairs) if c]
+    if not comparisons:
+        return []
+    return ["", "Verdicts (paired, on the episodes both protocols ran): accuracy difference a − b with its "
+            "95% paired bootstrap CI, exact McNemar p on answered-correctly, median of the per-episode TTEOA "
+            "ratios a ÷ b with its 95% bootstrap CI.", ""] + verdict_table(comparisons)
+
+
+def _error_lines(records: list[dict]) -> list[str]:
+    """The first 5 typed errors of the run as a list, or nothing when no episode failed."""
+    errors = [r for r in records if r.get("error")]
+    if not errors:
+        return []
+    return ["", "Errors (first 5):", ""] + [f"- `{r['protocol']}` on `{r['episode']}`: {r['error'][:200]}"
+                                           for r in errors[:5]]
+
+
+def _plot_lines(front: list[str]) -> list[str]:
+    """The report's tail: the Pareto front's labels and the two plots' image links."""
+    return ["", f"Pareto front (accuracy vs median TTEOA): {', '.join(f'`{a}`' for a in front) or '—'}", "",
+            "![accuracy vs TTEOA](accuracy_vs_tteoa.png)", "", "![recall vs ratio](recall_vs_ratio.png)", ""]
+
+
+def _tteoa_points(summary: dict[str, dict]) -> dict[str, tuple[float, float]]:
+    """protocol -> (median TTEOA, mean accuracy), for the protocols that have both."""
+    return {lab: (row["tteoa_median"], row["accuracy"][0]) for lab, row in summary.items()
+            if row["tteoa_median"] is not None and row["accuracy"] is not None}
+
+
+def _task_name(task: str) -> str:
+    """The task as the plot titles name it: a .jsonl path's stem, else the shipped task's name."""
+    return Path(task).stem if "/" in task or task.endswith(".jsonl") else task
+
+
+def _plot_accuracy(path: Path, records: list[dict], summary: dict[str, dict],
+                   points: dict[str, tuple[float, float]], front: list[str], title: str) -> None:
+    """Writes the accuracy vs median TTEOA plot (95% CIs on both axes, the Pareto front ringed) to `path`."""
+    import matplotlib.pyplot as plt
+
     fig, ax = plt.subplots(figsize=(6.4, 4.4))
     for lab, (t, q) in points.items():
         _, tlo, thi = bootstrap_median_ci([r["tteoa"] for r in records if r["protocol"] == lab and r.get("tteoa")])
@@ -240,26 +291,38 @@ def write_report(run_dir: str | Path, pairs: list[tuple[str, str]] | None = None
                 marker="o", ms=12, mfc="none", mec="k", zorder=2, label="Pareto front")
         ax.legend(fontsize=8)
     ax.set(xscale="log", xlabel="median TTEOA (s, log); bars: 95% CIs", ylabel="accuracy", ylim=(-0.05, 1.05),
-           title=f"{task} / {cfg['model']}: accuracy vs time to answer")
+           title=title)
     _plain_log_axis(ax.xaxis)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(run_dir / "accuracy_vs_tteoa.png", dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _recall_by_ratio(records: list[dict], label: str) -> dict[float, list[float]]:
+    """compression ratio (rounded to 0.1) -> the evidence recalls of `label`'s records at that ratio."""
+    by_ratio: dict[float, list[float]] = {}
+    for r in records:
+        if r["protocol"] == label and r.get("evidence_recall") is not None and r.get("compression_ratio"):
+            by_ratio.setdefault(round(r["compression_ratio"], 1), []).append(r["evidence_recall"])
+    return by_ratio
+
+
+def _plot_recall(path: Path, records: list[dict], summary: dict[str, dict], title: str) -> None:
+    """Writes the evidence recall vs compression plot, one line per protocol that reports kept positions, to
+    `path`."""
+    import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4.2))
     have_recall = False
     for lab in summary:
-        by_ratio: dict[float, list[float]] = {}
-        for r in records:
-            if r["protocol"] == lab and r.get("evidence_recall") is not None and r.get("compression_ratio"):
-                by_ratio.setdefault(round(r["compression_ratio"], 1), []).append(r["evidence_recall"])
+        by_ratio = _recall_by_ratio(records, lab)
         if by_ratio:
             have_recall = True
             xs = sorted(by_ratio)
             ax.plot(xs, [statistics.mean(by_ratio[x]) for x in xs], "o-", label=lab)
     ax.set(xscale="log", xlabel="compression of the documents (tokens ÷ tokens sent, log)",
-           ylabel="evidence recall", ylim=(-0.05, 1.05), title=f"{task}: evidence recall vs compression")
+           ylabel="evidence recall", ylim=(-0.05, 1.05), title=title)
     _plain_log_axis(ax.xaxis)
     if have_recall:
         ax.legend(fontsize=8)
@@ -267,11 +330,5 @@ def write_report(run_dir: str | Path, pairs: list[tuple[str, str]] | None = None
         ax.text(0.5, 0.5, "no protocol in this run reports kept positions", ha="center", transform=ax.transAxes)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(run_dir / "recall_vs_ratio.png", dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-
-    lines += ["", f"Pareto front (accuracy vs median TTEOA): {', '.join(f'`{a}`' for a in front) or '—'}", "",
-              "![accuracy vs TTEOA](accuracy_vs_tteoa.png)", "", "![recall vs ratio](recall_vs_ratio.png)", ""]
-    path = run_dir / "report.md"
-    path.write_text("\n".join(lines))
-    return path

@@ -147,86 +147,152 @@ def _candidates(mods: dict[str, _Module]) -> dict[str, list[dict]]:
     everywhere = collections.Counter()
     for m in mods.values():
         everywhere.update(m.def_counts)
+    for m in mods.values():
+        for c in _module_candidates(m, everywhere):
+            out[c["kind"]].append(c)
+    for c in _base_of_base_candidates(out["base"], mods):
+        out["base_of_base"].append(c)
+    return out
 
-    def add(kind, question, answers, evidence, **meta):
-        out[kind].append({"kind": kind, "question": question, "answers": answers, "evidence": evidence,
-                          "hops": 2 if kind in ("const_default", "base_of_base") else 1, **meta})
 
-    for name, m in mods.items():
-        consts = m.constants()
-        for qual, f in m.functions():
-            end = m.header_end(f)
-            if end is None:
-                continue
-            sig = (name, f.lineno, end)
-            a = f.args
-            params = list(zip((a.posonlyargs + a.args)[len(a.posonlyargs + a.args) - len(a.defaults):], a.defaults))
-            params += [(p, d) for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
-            for p, d in params:
-                src = m.source(d)
-                if d.lineno != d.end_lineno or len(src) > 40:
-                    continue
-                try:
-                    add("default", f"What is the default value of the `{p.arg}` parameter of `{name}.{qual}`?",
-                        value_aliases(src, ast.literal_eval(d)), [sig], none=src == "None")
-                except ValueError:
-                    if isinstance(d, ast.Name) and d.id in consts:
-                        c = consts[d.id]
-                        try:
-                            value = evaluate(c.value)
-                        except ValueError:
-                            continue
-                        csrc = m.source(c.value)
-                        answers = [repr(value)] + ([csrc] if csrc != repr(value) else [])
-                        add("const_default", f"What value does the default of the `{p.arg}` parameter of "
-                            f"`{name}.{qual}` evaluate to?", answers, [sig, (name, c.lineno, c.end_lineno)])
-            body = f.body[1:] if (f.body and isinstance(f.body[0], ast.Expr)
-                                  and isinstance(f.body[0].value, ast.Constant)) else f.body
-            if (len(body) == 1 and isinstance(body[0], ast.Return) and body[0].value is not None
-                    and body[0].lineno == body[0].end_lineno):
-                src = m.source(body[0].value)
-                if len(src) <= 60:
-                    ret = (name, body[0].lineno, body[0].lineno)
-                    add("return", f"What expression does `{name}.{qual}` return?", [src],
-                        [sig] if ret[1] == sig[2] else [sig, ret])
-        for n in m.tree.body:
-            if isinstance(n, ast.Assign) and n.targets[0].__class__ is ast.Name and n.targets[0].id in consts:
-                var = n.targets[0].id
-                src = m.source(n.value)
-                if var.startswith("__") or len(src) > 40:
-                    continue
-                try:
-                    value = ast.literal_eval(n.value)
-                except ValueError:
-                    continue
-                if isinstance(value, (int, float, str, bytes)):
-                    add("constant", f"What value is assigned to the module-level constant `{name}.{var}`?",
-                        value_aliases(src, value), [(name, n.lineno, n.end_lineno)])
-            if not isinstance(n, (ast.ClassDef, ast.FunctionDef)) or m.def_counts[n.name] != 1:
-                continue
-            end = m.header_end(n)
-            if end is None:
-                continue
-            if everywhere[n.name] == 1 and not n.name.startswith("_"):
-                what = "class" if isinstance(n, ast.ClassDef) else "function"
-                add("which_module", f"Which module defines the {what} `{n.name}`?", [name, f"{name}.py"],
-                    [(name, n.lineno, end)])
-            if isinstance(n, ast.ClassDef) and len(n.bases) == 1 and not n.keywords:
-                base = m.source(n.bases[0])
-                if base == "object":
-                    continue
-                short = base.rsplit(".", 1)[-1]
-                add("base", f"What is the base class of `{name}.{n.name}`?",
-                    [base] + ([short] if short != base else []), [(name, n.lineno, end)])
-    for b in list(out["base"]):  # base of a base: the base is a unique class of the same or a snapshot module
+def _candidate(kind: str, question: str, answers: list[str], evidence: list[tuple], **meta) -> dict:
+    """One question of `kind` (two hops for const_default and base_of_base, else one)."""
+    return {"kind": kind, "question": question, "answers": answers, "evidence": evidence,
+            "hops": 2 if kind in ("const_default", "base_of_base") else 1, **meta}
+
+
+def _module_candidates(m: _Module, everywhere: collections.Counter) -> list[dict]:
+    """The questions about module `m` (every kind but base_of_base), in source order; `everywhere` counts each
+    name's definitions over all modules."""
+    consts = m.constants()
+    out = _function_candidates(m, consts)
+    for n in m.tree.body:
+        out += _constant_candidates(m, consts, n)
+        out += _definition_candidates(m, everywhere, n)
+    return out
+
+
+def _function_candidates(m: _Module, consts: dict[str, ast.Assign]) -> list[dict]:
+    """The default, const_default and return questions about `m`'s unique functions and methods."""
+    out = []
+    for qual, f in m.functions():
+        end = m.header_end(f)
+        if end is None:
+            continue
+        sig = (m.name, f.lineno, end)
+        out += _default_candidates(m, consts, qual, f, sig)
+        out += _return_candidates(m, qual, f, sig)
+    return out
+
+
+def _defaulted_params(a: ast.arguments) -> list[tuple[ast.arg, ast.expr]]:
+    """(parameter, default) for each parameter with a default: positional ones, then keyword-only ones."""
+    params = list(zip((a.posonlyargs + a.args)[len(a.posonlyargs + a.args) - len(a.defaults):], a.defaults))
+    params += [(p, d) for p, d in zip(a.kwonlyargs, a.kw_defaults) if d is not None]
+    return params
+
+
+def _default_candidates(m: _Module, consts: dict[str, ast.Assign], qual: str, f: ast.FunctionDef,
+                        sig: tuple) -> list[dict]:
+    """A default question per short one-line literal default of `f`, a const_default question per default that
+    names a module constant of `consts`. `sig`: the evidence of `f`'s header."""
+    out = []
+    for p, d in _defaulted_params(f.args):
+        src = m.source(d)
+        if d.lineno != d.end_lineno or len(src) > 40:
+            continue
+        try:
+            out.append(_candidate("default", f"What is the default value of the `{p.arg}` parameter of "
+                                  f"`{m.name}.{qual}`?", value_aliases(src, ast.literal_eval(d)), [sig],
+                                  none=src == "None"))
+        except ValueError:
+            if isinstance(d, ast.Name) and d.id in consts:
+                out += _const_default_candidates(m, consts[d.id], qual, p, sig)
+    return out
+
+
+def _const_default_candidates(m: _Module, c: ast.Assign, qual: str, p: ast.arg, sig: tuple) -> list[dict]:
+    """The const_default question of parameter `p`, whose default names the constant assigned by `c`; [] when
+    `c`'s value is neither a literal nor integer arithmetic on literals."""
+    try:
+        value = evaluate(c.value)
+    except ValueError:
+        return []
+    csrc = m.source(c.value)
+    answers = [repr(value)] + ([csrc] if csrc != repr(value) else [])
+    return [_candidate("const_default", f"What value does the default of the `{p.arg}` parameter of "
+                       f"`{m.name}.{qual}` evaluate to?", answers, [sig, (m.name, c.lineno, c.end_lineno)])]
+
+
+def _return_candidates(m: _Module, qual: str, f: ast.FunctionDef, sig: tuple) -> list[dict]:
+    """The return question of `f` when its body (past a docstring) is one short one-line `return EXPR`, else []."""
+    body = f.body[1:] if (f.body and isinstance(f.body[0], ast.Expr)
+                          and isinstance(f.body[0].value, ast.Constant)) else f.body
+    if not (len(body) == 1 and isinstance(body[0], ast.Return) and body[0].value is not None
+            and body[0].lineno == body[0].end_lineno):
+        return []
+    src = m.source(body[0].value)
+    if len(src) > 60:
+        return []
+    ret = (m.name, body[0].lineno, body[0].lineno)
+    return [_candidate("return", f"What expression does `{m.name}.{qual}` return?", [src],
+                       [sig] if ret[1] == sig[2] else [sig, ret])]
+
+
+def _constant_candidates(m: _Module, consts: dict[str, ast.Assign], n: ast.stmt) -> list[dict]:
+    """The constant question of top-level statement `n` when it assigns a short int, float, str or bytes
+    literal to a constant of `consts` (not a dunder), else []."""
+    if not (isinstance(n, ast.Assign) and n.targets[0].__class__ is ast.Name and n.targets[0].id in consts):
+        return []
+    var = n.targets[0].id
+    src = m.source(n.value)
+    if var.startswith("__") or len(src) > 40:
+        return []
+    try:
+        value = ast.literal_eval(n.value)
+    except ValueError:
+        return []
+    if not isinstance(value, (int, float, str, bytes)):
+        return []
+    return [_candidate("constant", f"What value is assigned to the module-level constant `{m.name}.{var}`?",
+                       value_aliases(src, value), [(m.name, n.lineno, n.end_lineno)])]
+
+
+def _definition_candidates(m: _Module, everywhere: collections.Counter, n: ast.stmt) -> list[dict]:
+    """For a top-level class or function `n` defined once in `m`: its which_module question (when public and
+    defined once in all modules) and, for a class with one base other than `object`, its base question."""
+    if not isinstance(n, (ast.ClassDef, ast.FunctionDef)) or m.def_counts[n.name] != 1:
+        return []
+    end = m.header_end(n)
+    if end is None:
+        return []
+    out = []
+    if everywhere[n.name] == 1 and not n.name.startswith("_"):
+        what = "class" if isinstance(n, ast.ClassDef) else "function"
+        out.append(_candidate("which_module", f"Which module defines the {what} `{n.name}`?",
+                              [m.name, f"{m.name}.py"], [(m.name, n.lineno, end)]))
+    if isinstance(n, ast.ClassDef) and len(n.bases) == 1 and not n.keywords:
+        base = m.source(n.bases[0])
+        if base != "object":
+            short = base.rsplit(".", 1)[-1]
+            out.append(_candidate("base", f"What is the base class of `{m.name}.{n.name}`?",
+                                  [base] + ([short] if short != base else []), [(m.name, n.lineno, end)]))
+    return out
+
+
+def _base_of_base_candidates(bases: list[dict], mods: dict[str, _Module]) -> list[dict]:
+    """A base_of_base question per base question whose base is a class with exactly one base question of its
+    own, in the same module or in the snapshot module that qualifies it."""
+    out = []
+    for b in bases:
         mod, base = b["evidence"][0][0], b["answers"][0]
         home = base.split(".")[0] if "." in base else mod
-        second = [c for c in out["base"] if c["evidence"][0][0] == home
+        second = [c for c in bases if c["evidence"][0][0] == home
                   and c["question"].endswith(f"`{home}.{base.rsplit('.', 1)[-1]}`?")]
         if home in mods and len(second) == 1:
             cls = b["question"].split("`")[1]
-            add("base_of_base", f"What is the base class of the base class of `{cls}`?", second[0]["answers"],
-                b["evidence"] + second[0]["evidence"])
+            out.append(_candidate("base_of_base", f"What is the base class of the base class of `{cls}`?",
+                                  second[0]["answers"], b["evidence"] + second[0]["evidence"]))
     return out
 
 
