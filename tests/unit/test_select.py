@@ -288,3 +288,19 @@ def test_a_kvpress_selector_on_the_core_install_names_the_extra(finished, monkey
     with pytest.raises(MissingExtraError, match="kvpress"):
         get_protocol("cacheback", selector="snapkv")
     assert get_protocol("cacheback", selector="cacheback").selector == "cacheback"  # the core selectors still run
+
+
+def test_a_budget_below_one_span_sends_the_best_sentence_whole_with_the_unit_floor():
+    scores = torch.tensor([0.0, 1, 1, 1, 1, 5, 5, 5, 5, 5, 0, 0], dtype=torch.float64)  # rows 5..9: the best
+    keep = torch.zeros(12, dtype=torch.bool)
+    groups = [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9], [10, 11]]
+    cut = select_rows(scores, 3, keep, span=4, groups=groups)
+    assert cut.tolist() == [5, 10, 11]  # without the floor: a lesser sentence that fits, one row of the best
+    whole = select_rows(scores, 3, keep, span=4, groups=groups, unit_floor=True)
+    assert whole.tolist() == [5, 6, 7, 8, 9]  # with it: the best sentence whole, not [10, 11] + a piece
+    assert select_rows(scores, 5, keep, span=8, groups=groups, unit_floor=True).tolist() == [5, 6, 7, 8, 9]  # fits
+    # a budget of a span or more is filled exactly as without the floor
+    assert (select_rows(scores, 4, keep, span=4, groups=groups, unit_floor=True).tolist()
+            == select_rows(scores, 4, keep, span=4, groups=groups).tolist())
+    assert select_rows(scores, 3, keep, 4, unit_floor=True).tolist() == [5, 6, 7]  # fixed spans never use it
+    assert select_rows(scores, 0, keep, span=4, groups=groups, unit_floor=True).numel() == 0

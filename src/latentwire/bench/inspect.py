@@ -94,7 +94,7 @@ def inspect_episode(agent: Agent, ep: Episode, selectors: list[str], ratio: floa
             proto = CacheBack.variant(name, ratio=ratio, latent_steps=latent_steps)
             scores = proto.scores(agent, state, ep.question)
             rows = select_rows(scores, fanin_budget(len(state), ratio), always_kept(state), proto.span, eligible,
-                               proto.span_groups(per_row, doc))
+                               proto.span_groups(per_row, doc), proto.unit_floor)
             body = _render(doc, _char_marks(doc, rows, scores, per_row), gold)
             summary = html.escape(sent_summary(state, rows, eligible))
             parts.append(f"<div><b>{html.escape(name)}</b> <span class=meta>{summary}</span>"

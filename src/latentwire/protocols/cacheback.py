@@ -69,6 +69,10 @@ class CacheBack(Protocol):
     # on 48 episodes per (task, model), 8× / 16× evidence recall: +8 / +13 points on Qwen `facts`, +0 / +11
     # on Qwen `code`, +8 / +13 on Gemma3 `facts` (paired CIs above 0 except Qwen `code` at 8×).
     span_mode: str = "sentence"
+    # Sentence spans only: when the budget is below one span (documents of a few dozen tokens at 8×) and the
+    # best sentence does not fit, send that sentence whole and alone, rather than a piece of it ("Biscuit" cut
+    # to "B") or short lesser sentences that fit. Budgets of a span or more (every measured study) are unchanged.
+    unit_floor: bool = True
     # How q is appended after the finished state: "turn" = the receiver's own next chat turn asking the
     # question (what the receiver would prefill), "raw" = the question's tokens alone.
     query_format: str = "turn"
@@ -94,6 +98,8 @@ class CacheBack(Protocol):
         super().__post_init__()
         if self.ratio < 1:
             raise ValueError(f"ratio must be ≥ 1, got {self.ratio}")
+        if not isinstance(self.unit_floor, bool):
+            raise ValueError(f"unit_floor must be a bool, got {self.unit_floor!r}")
         if self.latent_steps < 0:
             raise ValueError(f"latent_steps must be ≥ 0, got {self.latent_steps}")
         if self.latent_mode not in LATENT_MODES:
@@ -218,7 +224,8 @@ class CacheBack(Protocol):
                 attention = self.scores(sender, state, question, per_row)
                 scores = fused_row_scores([unit_ranks(attention, units), unit_ranks(scores, units)], units,
                                           len(state), self.fuse_k, state.device)
-        return select_rows(scores, fanin_budget(len(state), self.ratio), keep, self.span, eligible, groups)
+        return select_rows(scores, fanin_budget(len(state), self.ratio), keep, self.span, eligible, groups,
+                           self.unit_floor)
 
     def span_groups(self, per_row: list, document: str) -> list[list[int]] | None:
         """The span units `choose` ranks for this document: None (fixed spans) or its sentences and lines."""
@@ -232,8 +239,8 @@ class CacheBack(Protocol):
 
     def check_window(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> None:
         """ContextOverflowError, before any sender reads, unless every sender's state and the largest message
-        the budgets allow fit: per sender min(B, T - 1) document rows + its first row + G latent rows, then the
-        receiver's prompt and answer."""
+        the budgets allow fit: per sender min(B, T - 1) document rows (at least one whole sentence, ≤ 2·span rows,
+        under the unit floor) + its first row + G latent rows, then the receiver's prompt and answer."""
         if self.encoding == "kv":
             sliding = sorted({a.model_name for a in (*senders, receiver) if "sliding" in a.geometry.layer_types})
             if sliding:  # a sender's sliding layers hold only its last window: most selected rows have no K/V there
@@ -243,7 +250,10 @@ class CacheBack(Protocol):
         budget = first = latent = 0
         for prompt in self.check_senders(senders, documents, question):
             T = prompt + self.latent_steps
-            budget += min(fanin_budget(T, self.ratio), prompt - 1)
+            B = fanin_budget(T, self.ratio)
+            if self.unit_floor and self.span_mode == "sentence" and B < self.span:
+                B = 2 * self.span  # the unit floor may send one whole sentence of up to 2·span rows
+            budget += min(B, prompt - 1)
             first, latent = first + 1, latent + self.latent_steps
         if self.encoding == "kv":  # the prompt continues after the attached rows
             prompt = len(receiver.kv_prompt_ids(question))

@@ -57,6 +57,7 @@ class Retrieval(Protocol):
     ratio: float = 8.0  # each sender keeps ceil(T / ratio) document tokens
     span_mode: str = "sentence"  # the units ranked: "sentence" (sentences and lines) or "fixed" (spans of `span`)
     span: int = SPAN
+    unit_floor: bool = True  # as CacheBack's: a budget below every sentence sends the best sentence whole
 
     def __post_init__(self):
         super().__post_init__()
@@ -85,7 +86,7 @@ class Retrieval(Protocol):
         units = span_units(keep, eligible, self.span, groups)
         scores = unit_row_scores(self._selector, question, per_row, document, len(per_row), units, HOST)
         budget = fanin_budget(len(per_row), self.ratio)
-        rows = select_rows(scores, budget, keep, self.span, eligible, groups)
+        rows = select_rows(scores, budget, keep, self.span, eligible, groups, self.unit_floor)
         kept = kept_document_spans(per_row, rows)
         text = "\n".join(document[a:b].strip() for a, b in merge_spans(kept))
         return Picked(text, kept, time.perf_counter() - t0, budget, len(kept))

@@ -126,7 +126,8 @@ def always_kept(state: KVState) -> torch.Tensor:
 
 
 def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int = SPAN,
-                eligible: torch.Tensor | None = None, groups: list[list[int]] | None = None) -> torch.Tensor:
+                eligible: torch.Tensor | None = None, groups: list[list[int]] | None = None,
+                unit_floor: bool = False) -> torch.Tensor:
     """Row indices to send: the always-kept rows plus whole spans, best mean score first, within `budget`.
 
     The eligible rows that are not always kept (by default all of them; a protocol passes the rows of
@@ -136,7 +137,10 @@ def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int
     they fit; the budget left over is then filled from the best span not taken, with its contiguous
     window of that width of highest mean score (ties: the earliest). So exactly min(budget, candidates)
     rows join the kept ones, and a budget below one span (T = 1,000 at 128×: B = 8) still sends the best
-    8 rows instead of nothing. Deterministic.
+    8 rows instead of nothing. With `groups` and `unit_floor`, a budget below one span (`span` rows: short
+    documents) that is also smaller than the best-ranked group sends that group whole and nothing else: the
+    best sentence arrives whole, not cut to a piece or displaced by short lesser ones, and the message
+    exceeds the budget by less than one group. Budgets of a span or more are unchanged. Deterministic.
     """
     if scores.shape != keep.shape or (eligible is not None and eligible.shape != keep.shape):
         raise ValueError(f"{tuple(scores.shape)} scores for {tuple(keep.shape)} rows")
@@ -152,6 +156,8 @@ def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int
     means = [float(scores[s].double().mean()) for s in spans]
     order = sorted(range(len(spans)), key=lambda i: (-means[i], i))
     chosen, used, rest = [], 0, []
+    if unit_floor and groups is not None and order and 0 < budget < min(span, len(spans[order[0]])):
+        order = order[:1]  # the best unit does not fit: it alone, whole (below), not lesser units that fit
     for i in order:
         if used + len(spans[i]) <= budget:
             chosen.append(spans[i])
@@ -159,7 +165,9 @@ def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int
         else:
             rest.append(i)
     left = budget - used
-    if left > 0 and rest:  # every span not taken is longer than `left`: cut the best one to fit
+    if unit_floor and groups is not None and not chosen and rest and 0 < budget < span:
+        chosen.append(spans[rest[0]])  # the best unit, whole, rather than a cut piece of it
+    elif left > 0 and rest:  # every span not taken is longer than `left`: cut the best one to fit
         rows_ = spans[rest[0]]
         windows = scores[rows_].double().unfold(0, left, 1).mean(dim=1)  # mean score of each window
         start = int(torch.argmax(windows))  # first maximum: the earliest window on ties
