@@ -22,3 +22,6 @@ with torch.inference_mode():
     cache = compose(translator.to(receiver.device), states)  # receiver rows + the translator's K/V residuals
 print("alone:     ", receiver.answer(question, message=states.receiver).text)
 print("translated:", receiver.answer(question, message=cache).text)
+if not CHECKPOINT:  # say what an untrained translator does, rather than let it look like transfer
+    print("(untrained: XKV's output head starts at zero, so 'translated' is 'alone'; train one with "
+          "`latentwire train --method xkv` and set LATENTWIRE_EXAMPLE_TRANSLATOR to its folder)")
