@@ -82,6 +82,8 @@ def test_bad_graph_state_and_bad_nodes_get_typed_errors(agents):
         node({"question": "Q?", "documents": {"zed": "text"}})
     with pytest.raises(ConfigError, match="not held here"):
         node({"question": "Q?", "reads": {"a": "a:00000000000000000000"}})
+    with pytest.raises(ConfigError, match="must map sender names"):
+        node({"question": "Q?", "documents": ["a list, not a mapping"]})
     with pytest.raises(ConfigError, match="string"):
         node({"question": "Q?", "documents": {"a": 3}})
     with pytest.raises(ConfigError, match="no receiver"):

@@ -127,10 +127,10 @@ class FaninNode:
         question = state.get("question")
         if not isinstance(question, str) or not question.strip():
             raise ConfigError("graph state needs 'question': a non-empty string")
-        documents = dict(state.get("documents") or {})
-        reads = dict(state.get("reads") or {})
         if not isinstance(state.get("documents") or {}, Mapping) or not isinstance(state.get("reads") or {}, Mapping):
             raise ConfigError("graph state 'documents' and 'reads' must map sender names to text / handles")
+        documents = dict(state.get("documents") or {})
+        reads = dict(state.get("reads") or {})
         senders = list(documents) + [s for s in reads if s not in documents]
         if not senders:
             raise ConfigError("graph state names no senders: give 'documents' ({sender: text}) or 'reads' handles")
