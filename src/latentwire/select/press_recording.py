@@ -54,11 +54,15 @@ def kvpress_installed() -> bool:
         return False
 
 
+def _missing_kvpress() -> MissingExtraError:
+    return MissingExtraError("the kvpress selectors (snapkv, h2o, tova, knorm, chunkkv, kvzip)", "kvpress",
+                             "kvpress==0.5.5")
+
+
 def require_kvpress() -> None:
     """MissingExtraError naming the `kvpress` extra unless kvpress is installed (cheap: no import)."""
     if not kvpress_installed():
-        raise MissingExtraError("the kvpress selectors (snapkv, h2o, tova, knorm, chunkkv, kvzip)", "kvpress",
-                                "kvpress==0.5.5")
+        raise _missing_kvpress()
 
 
 def _kv():
@@ -69,9 +73,7 @@ def _kv():
     try:
         import kvpress as kv
     except ImportError as e:  # not installed, or blocked (sys.modules["kvpress"] = None)
-        require_kvpress()
-        raise MissingExtraError("the kvpress selectors (snapkv, h2o, tova, knorm, chunkkv, kvzip)", "kvpress",
-                                "kvpress==0.5.5") from e
+        raise _missing_kvpress() from e
 
     return kv
 
