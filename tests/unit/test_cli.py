@@ -2,6 +2,7 @@
 import argparse
 
 from latentwire import cli
+from latentwire.cli import commands
 
 
 def _options(parser):
@@ -95,7 +96,7 @@ def test_demo_refuses_a_bad_parameter_before_loading_a_model(monkeypatch):
     def no_load(args):
         raise AssertionError("the model loaded before the parameters were checked")
 
-    monkeypatch.setattr(cli, "_load_agent", no_load)
+    monkeypatch.setattr(commands, "_load_agent", no_load)
     assert cli.main(["demo", "--ratio", "0"]) == 2
 
 
@@ -105,7 +106,77 @@ def test_inspect_png_without_chromium_is_refused_before_any_compute(monkeypatch,
     def no_load(args):
         raise AssertionError("the model loaded before --png was checked")
 
-    monkeypatch.setattr(cli, "_load_agent", no_load)
+    monkeypatch.setattr(commands, "_load_agent", no_load)
     monkeypatch.setattr(shutil, "which", lambda name: None)
     assert cli.main(["inspect", "--task", "facts", "--episode", "facts-0000", "--png"]) == 2
     assert "chromium" in capsys.readouterr().err
+
+
+def _tiny_agent(monkeypatch, asked=None):
+    from latentwire.agent import Agent
+    from latentwire.models import tiny_model, tiny_tokenizer
+
+    agent = Agent(tiny_model("llama"), tiny_tokenizer(), "llama")
+    monkeypatch.setattr(Agent, "from_pretrained",
+                        classmethod(lambda cls, name, **kw: (asked.append(name) if asked is not None else 0) or agent))
+    return agent
+
+
+def test_ask_answers_over_files_and_folders_with_each_protocol(monkeypatch, capsys, tmp_path):
+    import json
+
+    docs = {"a.txt": "The offsite is in Lisbon this year. Lunch is on Friday.",
+            "notes/b.md": "Ana booked the hotel near the river. The budget was approved on Monday.",
+            "notes/c.txt": "The printer on the second floor is broken again. Nobody has fixed it."}
+    for name, text in docs.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(f"\n{text}\n", encoding="utf-8")
+    (tmp_path / "notes" / "skip.bin").write_bytes(b"\xff\x00")  # neither .txt nor .md: not a document
+    asked = []
+    _tiny_agent(monkeypatch, asked)
+    protocols = "cacheback(ratio=4, latent_steps=1),retrieval(selector='lexical', ratio=4),fullcontext"
+    assert cli.main(["ask", "Where is the offsite?", str(tmp_path / "a.txt"), str(tmp_path / "notes"),
+                     "--protocols", protocols, "--json", "--model", "some-model"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert asked == ["some-model"]  # one agent plays every sender and the receiver
+    assert [r["protocol"] for r in rows] == ["cacheback(ratio=4, latent_steps=1)",
+                                             "retrieval(selector='lexical', ratio=4)", "fullcontext"]
+    files = [str(tmp_path / n) for n in ("a.txt", "notes/b.md", "notes/c.txt")]  # the folder's files, sorted
+    for r in rows[:2]:
+        assert list(r["sent"]) == files
+        for f, pieces in r["sent"].items():  # what crossed is the documents' own (stripped) text
+            assert pieces and all(p in docs[f.removeprefix(str(tmp_path) + "/")] for p in pieces)
+        assert r["message_bytes"] > 0 and r["tteoa"] >= max(r["sender_seconds"])
+    assert "Lisbon" in "".join(rows[1]["sent"][files[0]])  # word overlap keeps the offsite sentence
+    assert rows[2]["sent"] == {f: [docs[f.removeprefix(str(tmp_path) + "/")]] for f in files}  # all of it
+
+
+def test_ask_refuses_bad_files_before_loading_a_model(monkeypatch, capsys, tmp_path):
+    def no_load(args):
+        raise AssertionError("the model loaded before the files were checked")
+
+    monkeypatch.setattr(commands, "_load_agent", no_load)
+    (tmp_path / "empty.txt").write_text("  \n", encoding="utf-8")
+    (tmp_path / "latin1.txt").write_bytes("café".encode("latin-1"))
+    (tmp_path / "nodocs").mkdir()
+    cases = {str(tmp_path / "missing.txt"): "no such file", str(tmp_path / "empty.txt"): "empty document",
+             str(tmp_path / "latin1.txt"): "not UTF-8", str(tmp_path / "nodocs"): "no .txt or .md"}
+    for path, said in cases.items():
+        assert cli.main(["ask", "q?", path]) == 2
+        err = capsys.readouterr().err
+        assert "ConfigError" in err and said in err and path in err
+    assert cli.main(["ask", "q?", str(tmp_path / "empty.txt"), "--protocols", "nosuch"]) == 2  # the spec first
+    assert "valid: alone, cacheback" in capsys.readouterr().err
+
+
+def test_ask_runs_the_protocols_that_fit_and_says_what_to_change(monkeypatch, capsys, tmp_path):
+    agent = _tiny_agent(monkeypatch)
+    words = "The offsite is in Lisbon. " * (agent.context_window // 5)  # ~1.2 windows of tokens
+    (tmp_path / "a.txt").write_text(words, encoding="utf-8")
+    (tmp_path / "b.txt").write_text(words, encoding="utf-8")
+    assert cli.main(["ask", "Where?", str(tmp_path / "a.txt"), str(tmp_path / "b.txt"),
+                     "--protocols", "fullcontext,retrieval(selector='lexical', ratio=64)"]) == 0
+    out, err = capsys.readouterr()
+    assert "fullcontext: does not fit" in err and "larger ratio" in err
+    assert out.startswith("retrieval(selector='lexical', ratio=64): ") and "bytes sent" in out
+    assert cli.main(["ask", "Where?", str(tmp_path / "a.txt"), "--protocols", "fullcontext"]) == 2  # nothing ran

@@ -29,6 +29,18 @@ def terms(text: str, stem: bool = True) -> list[str]:
     return _stemmer("english").stemWords(ws) if stem and ws else ws
 
 
+@lru_cache(maxsize=1)
+def _bm25s():
+    """bm25s, imported once. It sets its own logger to DEBUG, so under any root handler (the CLI's) every index
+    printed "Building index from tokens": its level goes back to WARNING (`--verbose` shows INFO elsewhere)."""
+    import logging
+
+    import bm25s
+
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
+    return bm25s
+
+
 @register
 @dataclass
 class BM25Selector(TextSelector):
@@ -44,13 +56,11 @@ class BM25Selector(TextSelector):
             raise ValueError(f"b must be in [0, 1], got {self.b!r}")
 
     def prepare(self) -> None:
-        import bm25s  # noqa: F401  (its first import takes most of a second: not a question's cost)
-
+        _bm25s()  # its first import takes most of a second: not a question's cost
         _stemmer("english")
 
     def score_units(self, units: list[str], query: str) -> torch.Tensor:
-        import bm25s
-
+        bm25s = _bm25s()
         corpus, q = [terms(u, self.stem) for u in units], terms(query, self.stem)
         if not any(corpus) or not q:  # bm25s cannot index a corpus without a term, nor score an empty query
             return torch.zeros(len(units), dtype=torch.float64, device=HOST)

@@ -1,5 +1,5 @@
-"""Command line: `latentwire models`, `latentwire check`, `latentwire demo`, `latentwire bench run|report|pair`,
-`latentwire inspect`, `latentwire train`, `latentwire serve`."""
+"""Command line: `latentwire models`, `latentwire check`, `latentwire demo`, `latentwire ask`,
+`latentwire bench run|report|pair`, `latentwire inspect`, `latentwire train`, `latentwire serve`."""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +8,9 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import LatentWireError
+from ..errors import LatentWireError
+from .commands import (_ask, _bench_pair, _bench_report, _bench_run, _check, _demo, _inspect, _models,  # noqa: F401
+                       _serve, _train, error_summary)
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -41,210 +43,6 @@ def _placement_args(p: argparse.ArgumentParser, dtype: str | None = None) -> Non
                          "($LATENTWIRE_DTYPE)"))
 
 
-def _load_agent(args):
-    from .agent import Agent
-
-    return Agent.from_pretrained(args.model, device=args.device, dtype=args.dtype)
-
-
-def _models(args) -> int:
-    from .models import ZOO
-    from .placement import dtype_name, resolve
-
-    print(f"{'name':18} {'arch':7} {'layers':>6} {'kv':>3} {'head':>5} {'hidden':>6}  installed cached  install")
-    for m in ZOO.values():
-        print(f"{m.name:18} {m.arch:7} {m.num_layers:>6} {m.num_kv_heads:>3} {m.head_dim:>5} {m.hidden_size:>6}  "
-              f"{'yes' if m.installed else 'no':9} {'yes' if m.cached else 'no':6}  {m.pip}")
-    for m in ZOO.values():
-        print(f"{m.name}: {m.note}" + (f" (deprecated alias: {', '.join(m.aliases)})" if m.aliases else ""))
-    print("Any local HF model directory (--model /path/to/model) or hub id (--model Qwen/Qwen3-0.6B) also works.")
-    place = resolve()
-    print(f"Default placement here: --device {place.device} --dtype {dtype_name(place.dtype)} ({place.reason})")
-    return 0
-
-
-def _check(args) -> int:
-    from .bench.model_check import check_model, describe
-
-    agent = _load_agent(args)
-    print("\n".join(describe(agent)))  # reading the geometry refuses what cannot work (a typed error, exit 2)
-    try:
-        checks = check_model(agent)
-    except LatentWireError:
-        raise
-    except Exception as e:  # the model itself failed on a check's inputs: not a FAIL of a law, exit 2
-        print(f"latentwire: error: the check could not run on this model: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
-    for c in checks:
-        print(f"  {c.name:10} {'pass' if c.ok else 'FAIL'}  error {c.error:.2e} (bound {c.bound:g}): {c.detail}")
-    ok = all(c.ok for c in checks)
-    print("latentwire reproduces this model's states exactly enough to use it" if ok else
-          "latentwire does not reproduce this model: see the FAIL lines")
-    return 0 if ok else 1
-
-
-def _demo(args) -> int:
-    if getattr(args, "transport", "inprocess") == "ray":
-        return _demo_ray(args)
-    from tqdm import tqdm
-    from transformers.utils import logging as hf_logging
-
-    from .demo import run_demo
-
-    from .protocols import get_protocol
-
-    protocols = {"alone": {}, "text": {},
-                 "fullkv": {"latent_steps": args.latent_steps, "latent_mode": args.latent_mode},
-                 "cacheback": {"ratio": args.ratio, "latent_steps": args.latent_steps, "latent_mode": args.latent_mode}}
-    for name, params in protocols.items():  # a bad --ratio or --latent-steps fails here, before the model loads
-        get_protocol(name, **params)
-    hf_logging.disable_progress_bar()
-    print(f"loading {args.model} ...", flush=True)
-    agent = _load_agent(args)
-    print(f"running on {agent.device} in {str(agent.dtype).removeprefix('torch.')}", flush=True)
-    rows = []
-    for ep, out in run_demo(agent, protocols, args.senders, progress=lambda xs, desc: tqdm(xs, desc=desc)):
-        ok = ep.gold.lower() in out.answer.lower()
-        rows.append((out.protocol, ep.question, ok, out))
-    print(f"\nmodel {args.model}, {args.senders} senders; fullkv and cacheback ({args.ratio}x) with "
-          f"{args.latent_steps} latent steps ({args.latent_mode})\n")
-    print(f"{'protocol':9} {'ok':2} {'TTEOA s':>7} {'sender s':>8} {'recv s':>6} {'bytes':>10} {'ctx':>5}  answer")
-    for name, q, ok, out in rows:
-        ans = out.answer.replace("\n", " ")
-        print(f"{name:9} {'✓' if ok else '✗':2} {out.tteoa:7.2f} {max(out.sender_seconds, default=0):8.2f} "
-              f"{out.receiver_seconds:6.2f} {out.message_bytes:10,d} {out.receiver_context:5d}  {ans[:60]}")
-    print("\nper protocol: correct / episodes (bytes: the message; ctx: the receiver's context in rows)")
-    for name in protocols:
-        oks = [ok for n, _, ok, _ in rows if n == name]
-        print(f"  {name:9} {sum(oks)}/{len(oks)}")
-    print("\nnext: `latentwire inspect --task facts --episode facts-0005` writes inspect.html: what CacheBack "
-          "sent on a benchmark episode, per selector; docs/results.md has the measured comparisons "
-          "(`latentwire bench run` reproduces them)")
-    return 0
-
-
-def _demo_ray(args) -> int:
-    from transformers.utils import logging as hf_logging
-
-    from .transport import AgentSpec
-    from .transport.demo import demo
-
-    hf_logging.disable_progress_bar()
-    rows = demo(AgentSpec.pretrained(args.model, device=args.device, dtype=args.dtype), args.senders,
-                args.latent_steps, args.latent_mode, ratio=args.ratio, address=args.address,
-                num_cpus=args.num_cpus, attach=args.attach)
-    print("\nper protocol: correct / episodes")
-    for name in dict.fromkeys(r[0] for r in rows):
-        oks = [ok for n, _, ok, _ in rows if n == name]
-        print(f"  {name:9} {sum(oks)}/{len(oks)}")
-    return 0
-
-
-def _serve(args) -> int:
-    from transformers.utils import logging as hf_logging
-
-    from .transport import AgentSpec
-    from .transport.demo import serve
-
-    hf_logging.disable_progress_bar()
-    return serve(AgentSpec.pretrained(args.model, device=args.device, dtype=args.dtype), args.senders, address=args.address, num_cpus=args.num_cpus)
-
-
-def _bench_run(args) -> int:
-    from .bench.runner import RunConfig, parse_filters, run
-
-    config = RunConfig(args.task, args.protocols, args.model, args.n, args.seed, parse_filters(args.filter),
-                       device=args.device, dtype=args.dtype)
-    out = run(config, args.out)
-    print(f"records in {out / 'records.jsonl'}; report with: latentwire bench report {out}")
-    errors = error_summary(out / "records.jsonl")
-    if errors:
-        print("episodes that failed with a typed error (scored as wrong answers):\n" + errors, file=sys.stderr)
-    return 0
-
-
-def error_summary(records: Path) -> str:
-    """One line per (protocol, error type) with its count and first message; empty when no record failed."""
-    import json
-    from collections import Counter
-
-    counts, first = Counter(), {}
-    for line in records.read_text(encoding="utf-8").splitlines():
-        rec = json.loads(line) if line.strip() else {}
-        if rec.get("error"):
-            key = (rec["protocol"], rec["error"].split(":", 1)[0])
-            counts[key] += 1
-            first.setdefault(key, rec["error"])
-    return "\n".join(f"  {p}: {n} × {kind} (first: {first[(p, kind)][:160]})" for (p, kind), n in sorted(counts.items()))
-
-
-def _bench_report(args) -> int:
-    from .bench.report import write_report
-
-    path = write_report(args.run_dir, [tuple(c) for c in args.compare] if args.compare else None)
-    print(path.read_text())
-    print(f"wrote {path} and PNGs beside it")
-    return 0
-
-
-def _bench_pair(args) -> int:
-    from .bench.pair_runner import format_table, read_records, run_pairs, summarize_pairs
-
-    out = args.out or Path("runs") / "pairs" / f"{args.task}_{Path(args.sharer).name}_{Path(args.receiver).name}"
-    out = run_pairs(args.sharer, args.receiver, args.task, args.protocols, args.n, out, seed=args.seed,
-                    split=args.split, device=args.device, dtype=args.dtype)
-    print(format_table(summarize_pairs(read_records(out))))
-    print(f"\nrecords in {out / 'records.jsonl'}")
-    return 0
-
-
-def _train(args) -> int:
-    import json
-
-    from .bench.runner import parse_filters
-    from .training.trainer import TRAINER, TrainConfig, train
-
-    tasks = tuple(t for t in args.tasks.split(",") if t.strip())
-    cfg = TrainConfig(args.method, args.sharer, args.receiver, tasks=tasks, train_n=args.train_n, val_n=args.val_n,
-                      steps=args.steps, batch=args.batch, lr=args.lr, stage1_steps=args.stage1_steps,
-                      eval_every=args.eval_every, seed=args.seed, params=parse_filters(args.param, "--param"),
-                      device=args.device, dtype=args.dtype, context_aware=args.context_aware)
-    mode = "_aware" if args.context_aware else ""
-    out = args.out or Path("runs") / "translators" / (f"{args.method}{mode}_{Path(args.sharer).name}_"
-                                                      f"{Path(args.receiver).name}")
-    out = train(cfg, out)
-    log = json.loads((Path(out) / TRAINER).read_text())
-    val = f"{log['val'][-1][1]:.4f} at step {log['val'][-1][0]}" if log.get("val") else "(none)"
-    params = f"{log['parameters']:,}" if "parameters" in log else "?"
-    print(f"checkpoint in {out} ({params} trainable parameters); final validation loss {val}")
-    print(f"evaluate with: latentwire bench pair --sharer {args.sharer} --receiver {args.receiver} --task facts "
-          f"--n 20 --protocols \"alone,t2t,fullcontext,translated(checkpoint='{out}')\"")
-    return 0
-
-
-def _inspect(args) -> int:
-    from .bench.inspect import chromium, inspect_episode, screenshot
-    from .bench.runner import load_task_episodes
-    from .errors import UnknownNameError
-
-    if args.png:
-        chromium()  # refused before any model loads or any episode is computed
-    episodes = {e.id: e for e in load_task_episodes(args.task)}
-    if args.episode is None:  # the task's first episode, named so the user can pick another
-        args.episode = next(iter(episodes))
-        print(f"episode {args.episode} (pick another with --episode)")
-    if args.episode not in episodes:
-        raise UnknownNameError("episode", args.episode, list(episodes)[:20] + ["..."])
-    agent = _load_agent(args)
-    page = inspect_episode(agent, episodes[args.episode], args.selectors.split(","), args.ratio, args.latent_steps)
-    out = Path(args.out)
-    out.write_text(page, encoding="utf-8")
-    print(f"wrote {out}")
-    if args.png:
-        print(f"wrote {screenshot(out, out.with_suffix('.png'))}")
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The `latentwire` parser with every sub-command; each option's help shows its default."""
     parser = argparse.ArgumentParser(prog="latentwire", description=__doc__)
@@ -258,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     _add_train(sub)
     _add_inspect(sub)
+    _add_ask(sub)
     for p in parsers(parser):
         p.formatter_class = _HelpFormatter
     return parser
@@ -402,6 +201,25 @@ def _add_inspect(sub) -> None:
     insp.add_argument("--png", action="store_true", help="also render a PNG with headless chromium")
     _placement_args(insp)
     insp.set_defaults(fn=_inspect)
+
+
+def _add_ask(sub) -> None:
+    """Adds `latentwire ask` to `sub`."""
+    ask = sub.add_parser("ask", help="ask a question over your files: one sender per file, one receiver answers",
+                         description="One sender agent per file (a folder: its .txt and .md files) reads its "
+                                     "document; the receiver answers the question from what each protocol sends. "
+                                     "One model plays every agent. A protocol that would overflow the receiver's "
+                                     "window is refused before any compute and the others still run.")
+    ask.add_argument("question", help="the question, quoted")
+    ask.add_argument("files", nargs="+", help="UTF-8 text files or folders, one document per file")
+    ask.add_argument("--protocols", default="cacheback(ratio=8)",
+                     help="comma-separated, e.g. \"cacheback(ratio=8),retrieval(selector='bm25'),fullcontext\"")
+    ask.add_argument("--model", default="smollm2-135m", help="bundled model name, local HF directory or hub id "
+                                                             "(qwen2.5-coder-0.5b answers better)")
+    ask.add_argument("--show-sent", action="store_true", help="print the document text each sender's message kept")
+    ask.add_argument("--json", action="store_true", help="one JSON object per protocol (answer, costs, sent text)")
+    _placement_args(ask)
+    ask.set_defaults(fn=_ask)
 
 
 def _version() -> str:
