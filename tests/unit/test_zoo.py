@@ -165,3 +165,19 @@ def test_cache_marker_records_the_gguf_hash(tmp_path, monkeypatch):
     assert entry.cached
     marker.write_text(json.dumps({"version": zoo._CACHE_VERSION, "gguf_sha256": "0" * 64}))
     assert not entry.cached  # built from another file: rebuilt
+
+
+def test_the_first_use_of_a_bundled_model_says_it_converts_once(monkeypatch, tmp_path, caplog):
+    """A one-time conversion of up to two minutes is announced (stderr under any logging setup), later loads not."""
+    import logging
+
+    from latentwire.models import zoo
+
+    monkeypatch.setenv("LATENTWIRE_CACHE", str(tmp_path))
+    built = []
+    monkeypatch.setattr(zoo, "write_cache", lambda entry: built.append(entry.name) or entry.cache_dir)
+    with caplog.at_level(logging.WARNING, logger="latentwire"):
+        zoo.build_cache("smollm2-135m")
+    assert built == ["smollm2-135m"]
+    assert any("first use of smollm2-135m" in r.getMessage() and str(tmp_path) in r.getMessage()
+               for r in caplog.records)

@@ -6,7 +6,6 @@ import argparse
 import logging
 import os
 import sys
-from pathlib import Path
 
 from ..errors import LatentWireError
 from .commands import (_ask, _bench_pair, _bench_report, _bench_run, _check, _demo, _inspect, _models,  # noqa: F401

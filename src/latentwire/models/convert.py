@@ -1,0 +1,93 @@
+"""A bundled model's GGUF to a plain Hugging Face folder: dequantised once (`dequantise`), written as fp32
+safetensors + config + tokenizer under the cache directory (`write_cache`, atomically), with Gemma's tokenizer
+rebuilt with its BPE merges. `zoo.py` names the models and decides when to build; this module does the build."""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from .zoo import ZooModel
+
+MARKER = "latentwire-cache.json"
+CACHE_VERSION = 2  # bump when the conversion changes: older caches are rebuilt
+
+
+def dequantise(entry: "ZooModel", dtype: torch.dtype = torch.float32):
+    """(model, tokenizer) straight from the entry's GGUF, every file SHA-256-checked first (slow: 15-50 s)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    entry.check_installed()
+    with tempfile.TemporaryDirectory(prefix="latentwire-gguf-") as d:
+        path = entry.gguf(Path(d))  # SHA-256-checked before transformers reads a byte
+        model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                     local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+        if entry.arch == "gemma3":
+            tokenizer = _gemma_tokenizer(path, tokenizer)
+    return model.eval(), tokenizer
+
+
+def _gemma_tokenizer(gguf_path: Path, broken):
+    """Rebuild Gemma's tokenizer with its BPE merges.
+
+    transformers 5.2 converts a Gemma GGUF vocabulary into a BPE tokenizer with no merges, which
+    tokenises text one character at a time (a silent 4x context blow-up and a different model input).
+    SentencePiece-BPE merges follow from the GGUF piece scores: merge (a, b) ranks by the score of a+b.
+    """
+    import numpy as np
+    from gguf import GGUFReader
+    from transformers.convert_slow_tokenizer import generate_merges
+    from transformers.models.gemma.tokenization_gemma import GemmaTokenizer
+
+    fields = GGUFReader(str(gguf_path)).fields
+    scores = [float(fields["tokenizer.ggml.scores"].parts[i][0]) for i in fields["tokenizer.ggml.scores"].data]
+    types = np.array([int(fields["tokenizer.ggml.token_type"].parts[i][0])
+                      for i in fields["tokenizer.ggml.token_type"].data])
+    vocab = broken.get_vocab()  # token -> id, with transformers' whitespace/tab renaming already applied
+    id2tok = {i: t for t, i in vocab.items()}
+    normal = 1  # GGUF token type NORMAL; others are control / user-defined / byte pieces
+    special = {id2tok[i] for i in np.flatnonzero(types != normal) if i in id2tok}
+    merges = generate_merges(vocab, [(id2tok[i], scores[i]) for i in sorted(id2tok)], skip_tokens=special)
+    tok = GemmaTokenizer(vocab=vocab, merges=merges, bos_token=broken.bos_token, eos_token=broken.eos_token,
+                         pad_token=broken.pad_token, unk_token=broken.unk_token)
+    control = sorted(t for t in special if t.startswith("<") and t.endswith(">") and not t.startswith("<unused")
+                     and t not in (broken.bos_token, broken.eos_token, broken.pad_token, broken.unk_token))
+    tok.add_special_tokens({"additional_special_tokens": control})
+    return tok
+
+
+def write_cache(entry: "ZooModel") -> Path:
+    """Dequantise and write the entry's cache folder (a temporary folder renamed into place: never half-written)."""
+    from safetensors.torch import save_file
+
+    t0 = time.perf_counter()
+    model, tokenizer = dequantise(entry)
+    entry.cache_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.cache_dir.parent))
+    try:
+        state = model.state_dict()
+        if model.config.get_text_config(decoder=True).tie_word_embeddings or getattr(
+                model.config, "tie_word_embeddings", False):
+            state.pop("lm_head.weight", None)  # shares storage with the input embedding
+        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"))
+        config = model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config  # GGUF-loaded configs refuse to be re-saved otherwise
+        config.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / MARKER).write_text(json.dumps({"name": entry.name, "version": CACHE_VERSION, "pip": entry.pip,
+                                                "gguf_sha256": entry.gguf_sha256,
+                                                "seconds": round(time.perf_counter() - t0, 1)}))
+        shutil.rmtree(entry.cache_dir, ignore_errors=True)
+        tmp.rename(entry.cache_dir)  # atomic: a half-written cache is never visible
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return entry.cache_dir
