@@ -33,21 +33,33 @@ def attend(agent: Agent, state: KVState, query: str) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def attend_grouped(agent: Agent, state: KVState, query: str) -> torch.Tensor:
+def attend_grouped(agent: Agent, state: KVState, query: str, min_depth: float = 0.0) -> torch.Tensor:
     """(S, m, T) float32: the query's attention averaged over global layers and over the query heads
     that share each KV head — what CacheBack scores — accumulated layer by layer, so the full
-    (L_g, H_q, m, T) tensor is never held."""
+    (L_g, H_q, m, T) tensor is never held. `min_depth`: only the scoring layers at that relative depth or
+    deeper (`scoring_layers`)."""
     total, n, S = None, 0, state.geometry.num_kv_heads
-    for _, w in query_attention(agent, state, query):  # (H_q, m, T + m), contiguous
+    for _, w in query_attention(agent, state, query, min_depth):  # (H_q, m, T + m), contiguous
         g = w.view(S, -1, *w.shape[-2:]).mean(dim=1)  # (S, m, T + m)
         total, n = (g if total is None else total.add_(g)), n + 1
     return total[..., :len(state)] / n  # (S, m, T)
 
 
-def query_attention(agent: Agent, state: KVState, query: str):
-    """Yield (layer index, (H_q, m, T + m) float32 attention weights) for each global layer: the
-    columns are the state's T rows, then the query's own m tokens (causal). A model whose layers all
-    slide is scored on every layer while its window holds all T + m rows; beyond that, StateFormatError.
+def scoring_layers(layer_types, min_depth: float = 0.0) -> list[int]:
+    """The layers a query's attention is read on: every global layer (or, when every layer slides, every layer)
+    whose relative depth i / L is at least `min_depth`; the deepest of them when none is that deep."""
+    if not 0.0 <= min_depth < 1.0:
+        raise ValueError(f"min_depth must be in [0, 1), got {min_depth!r}")
+    L = len(layer_types)
+    layers = [i for i, t in enumerate(layer_types) if t == "global"] or list(range(L))
+    return [i for i in layers if i / L >= min_depth] or layers[-1:]
+
+
+def query_attention(agent: Agent, state: KVState, query: str, min_depth: float = 0.0):
+    """Yield (layer index, (H_q, m, T + m) float32 attention weights) for each global layer (those at relative
+    depth ≥ `min_depth`: `scoring_layers`): the columns are the state's T rows, then the query's own m tokens
+    (causal). A model whose layers all slide is scored on every layer while its window holds all T + m rows;
+    beyond that, StateFormatError.
 
     The state is not re-run: the m query tokens go through the model with its own attention
     implementation (eager, sdpa, flash), while hooks capture each global layer's query projection
@@ -59,13 +71,12 @@ def query_attention(agent: Agent, state: KVState, query: str):
     ids = agent.ids(agent.tokenizer(query, add_special_tokens=False)["input_ids"])
     agent.check_window(state=len(state), query=len(ids))
     T, m = len(state), len(ids)
-    layers = [i for i, t in enumerate(state.geometry.layer_types) if t == "global"]
-    if not layers:  # every layer slides (Mistral 7B v0.1): exact while the window holds the state and the query
-        window = state.geometry.sliding_window
+    if "global" not in state.geometry.layer_types:  # every layer slides (Mistral 7B v0.1): exact while the window
+        window = state.geometry.sliding_window      # holds the state and the query
         if T + m >= window:
             raise StateFormatError(f"every layer of {state.geometry.model} slides (window {window}): its attention "
                                    f"can score {window - 1} rows, not a state of {T} rows plus a {m}-token query")
-        layers = list(range(len(state.geometry.layer_types)))
+    layers = scoring_layers(state.geometry.layer_types, min_depth)
     captured: dict[int, list] = {i: [None, None] for i in layers}  # layer -> [q projection, (cos, sin)]
     hooks = []
     for i in layers:

@@ -75,7 +75,8 @@ def test_inner_and_outer_exponents_are_separate():
 
 
 @pytest.mark.parametrize("bad", [{"p": -1}, {"p": float("inf")}, {"p": True}, {"inner_power": 0},
-                                 {"inner_power": -2.0}, {"inner_power": float("nan")}, {"correction_over": "layer"}])
+                                 {"inner_power": -2.0}, {"inner_power": float("nan")}, {"correction_over": "layer"},
+                                 {"min_depth": 1.0}, {"min_depth": -0.5}, {"min_depth": "0.5"}])
 def test_bad_exponents_and_groups_are_refused(bad):
     with pytest.raises(ConfigError):
         get_selector("cacheback", **bad)
@@ -118,6 +119,22 @@ def test_correction_over_layers_on_a_tiny_model(agent_for):
     assert torch.equal(layered, want) and not torch.equal(layered, default)
     assert torch.equal(get_selector("cacheback", p=0, correction_over="layer_kv_head").score(agent, state, QUERY),
                        get_selector("mean_query").score(agent, state, QUERY))  # Q_t is unchanged
+
+
+def test_min_depth_scores_on_the_deeper_layers_under_both_groupings(agent_for):
+    """min_depth = 0.5 on the three-layer tiny Llama keeps layer 2 only (2/3 ≥ 0.5, 1/3 < 0.5): its scores are
+    CacheBack's formula on that layer's attention, under either grouping."""
+    agent = agent_for("llama")
+    state = agent.think(agent.prefill(DOC), steps=2)
+    deep = attend_grouped(agent, state, QUERY, 0.5).double()  # layers with i / 3 ≥ 0.5: layer 2
+    b, per_layer = grouped_attention_by_layer(agent, state, QUERY, 0.5)
+    assert per_layer.shape[0] == 1 and torch.equal(b.double(), deep)
+    assert torch.equal(get_selector("cacheback", min_depth=0.5).score(agent, state, QUERY),
+                       cacheback_scores(deep, 2.0, "avg", 7))
+    assert not torch.equal(get_selector("cacheback", min_depth=0.5).score(agent, state, QUERY),
+                           get_selector("cacheback").score(agent, state, QUERY))
+    assert torch.equal(get_selector("cacheback", min_depth=0.5, correction_over="layer_kv_head").score(
+        agent, state, QUERY), cacheback_scores(deep, 2.0, "avg", 7, groups=per_layer.double().flatten(0, 1)))
 
 
 # -- CanonicalMerge direction in the merge protocol -----------------------------------------------------

@@ -82,3 +82,27 @@ def test_grouped_attention_streams_the_same_numbers(arch, tokenizer):
     got = attend_grouped(agent, state, QUERY)
     assert got.shape == (state.geometry.num_kv_heads, want.shape[1], len(state))
     assert torch.allclose(got.double(), want, atol=1e-6, rtol=0)
+
+
+def test_min_depth_averages_the_deeper_scoring_layers_only(arch, tokenizer):
+    """attend_grouped(min_depth=d) = the grouped mean over the global layers at relative depth ≥ d, read off the
+    full per-layer tensor; d = 0 is every global layer, and a depth past the last keeps the deepest one."""
+    from latentwire.attention import scoring_layers
+    from latentwire.select.cacheback import grouped_attention
+
+    agent = Agent(tiny_model(arch).to(DEVICE), tokenizer, model_name=arch)
+    state = agent.think(agent.prefill(DOC), steps=2)
+    types = state.geometry.layer_types
+    glob = [i for i, t in enumerate(types) if t == "global"]
+    full = attend(agent, state, QUERY)  # (L_g, H_q, m, T), one slice per global layer in `glob`
+    for d in (0.0, 0.5, 0.99):
+        keep = scoring_layers(types, d)
+        assert keep == ([i for i in glob if i / len(types) >= d] or glob[-1:])
+        want = grouped_attention(full[[glob.index(i) for i in keep]], state.geometry.num_kv_heads)
+        assert torch.allclose(attend_grouped(agent, state, QUERY, d).double(), want, atol=1e-6, rtol=0)
+    assert torch.equal(attend_grouped(agent, state, QUERY, 0.0), attend_grouped(agent, state, QUERY))
+    import pytest
+
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="min_depth"):
+            scoring_layers(types, bad)

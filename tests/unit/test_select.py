@@ -304,3 +304,56 @@ def test_a_budget_below_one_span_sends_the_best_sentence_whole_with_the_unit_flo
             == select_rows(scores, 4, keep, span=4, groups=groups).tolist())
     assert select_rows(scores, 3, keep, 4, unit_floor=True).tolist() == [5, 6, 7]  # fixed spans never use it
     assert select_rows(scores, 0, keep, span=4, groups=groups, unit_floor=True).numel() == 0
+
+
+# -- adaptive budgets ----------------------------------------------------------------------------------
+def test_mass_budget_takes_the_fewest_best_units_holding_the_target_mass():
+    from latentwire.select import mass_budget, ranked_units
+
+    keep = torch.zeros(12, dtype=torch.bool)
+    keep[0] = True
+    groups = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10, 11]]
+    scores = torch.tensor([9.0, 1, 1, 1, 10, 10, 0.5, 0.5, 0.5, 0.5, -3, 0])  # masses 3, 20, 2, 0 of 25
+    spans, order = ranked_units(scores, keep, 4, None, groups)
+    assert order == [1, 0, 2, 3]  # best mean first (row 0 is always kept, never a candidate)
+    assert mass_budget(scores, keep, 0.8, 0, 11, 4, None, groups) == 2  # 20 / 25 = 0.8: one unit
+    assert mass_budget(scores, keep, 0.81, 0, 11, 4, None, groups) == 5  # + the 3-row unit: 23 / 25
+    assert mass_budget(scores, keep, 1.0, 0, 11, 4, None, groups) == 9  # every unit with mass (the -3 clipped)
+    assert mass_budget(scores, keep, 1.0, 0, 6, 4, None, groups) == 6  # the cap
+    assert mass_budget(scores, keep, 0.5, 4, 11, 4, None, groups) == 4  # the floor
+    assert mass_budget(torch.zeros(12), keep, 0.5, 1, 7, 4, None, groups) == 7  # no positive mass: the cap
+    rows = select_rows(scores, mass_budget(scores, keep, 0.81, 0, 11, 4, None, groups), keep, 4, None, groups)
+    assert rows.tolist() == [0, 1, 2, 3, 4, 5]  # exactly those units, whole
+    for bad in ((0.0, 0, 5), (1.5, 0, 5), (0.5, 6, 5), (0.5, -1, 5)):
+        with pytest.raises(ValueError):
+            mass_budget(scores, keep, bad[0], bad[1], bad[2], 4, None, groups)
+
+
+def test_cacheback_adaptive_budget_sends_between_floor_and_cap_deterministically(agent_for):
+    from latentwire.errors import ConfigError
+    from latentwire.protocols import get_protocol
+    from latentwire.protocols.cacheback import document_rows
+
+    agent = agent_for("qwen2")
+    doc = "Ada led the Orion project in Lisbon. Bo led Vega in Oslo. The budget was 40k. Cy ran the lab."
+    fixed = get_protocol("cacheback", ratio=2, latent_steps=1)
+    state = fixed.read(agent, doc)
+    per_row, eligible = document_rows(agent, doc, len(state))
+    groups = fixed.span_groups(per_row, doc)
+    cap = -(-len(state) // 2)
+    floor = -(-len(state) // 16)
+    sent = {}
+    for q in (0.05, 0.5, 1.0):
+        p = get_protocol("cacheback", ratio=2, latent_steps=1, mass=q, max_ratio=16)
+        rows = p.choose(agent, state, "Where did Ada lead Orion?", eligible, groups, per_row, doc)
+        doc_rows = int(eligible[rows].sum())
+        assert floor <= doc_rows <= cap
+        assert torch.equal(rows, p.choose(agent, state, "Where did Ada lead Orion?", eligible, groups, per_row, doc))
+        sent[q] = doc_rows
+    assert sent[0.05] <= sent[0.5] <= sent[1.0]
+    for bad in (0, 0.0, 1.5, -0.2, "0.9"):
+        with pytest.raises(ConfigError):
+            get_protocol("cacheback", mass=bad)
+    with pytest.raises(ConfigError, match="max_ratio"):
+        get_protocol("cacheback", ratio=8, mass=0.9, max_ratio=4)
+    assert get_protocol("cacheback_chain", budget="fixed").mass is None  # the chain's own `budget` is untouched

@@ -16,12 +16,13 @@ from typing import Sequence
 import torch
 
 from ..agent import KV_PROMPT, LATENT_MODES, MESSAGE_PROMPT, Agent
-from ..errors import ConfigError, ContextOverflowError, TaskFormatError, UnknownNameError
+from ..errors import ConfigError, ContextOverflowError, UnknownNameError
 from ..message import Rows
-from ..select import (SELECTORS, SPAN, TextSelector, always_kept, fanin_budget, 
+from ..select import (SELECTORS, SPAN, TextSelector, always_kept, fanin_budget, mass_budget,
                       fused_row_scores, get_selector, select_rows, span_units, sentence_groups, unit_ranks, unit_row_scores)
 from ..state import KVState
 from .base import QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, sender_prompt_lengths
+from .documents import document_rows, kept_document_spans, token_document_spans  # noqa: F401  (re-exported)
 from .reads import Read, read
 
 # "rows": hidden-size input rows the receiver re-prefills; "token_ids": their ids (+ latent rows); "kv": the selected
@@ -58,6 +59,10 @@ class CacheBack(Protocol):
     for the receiver to re-prefill; key parameters: `ratio`, `latent_steps`, `selector`, `span_mode`."""
     name = "cacheback"
     ratio: float = 8.0  # compression r: each sender sends B = ceil(T / r) rows beyond the always-kept ones
+    # Adaptive budget: None = the fixed B = ceil(T / ratio); q in (0, 1] = the fewest best units holding q of the
+    # score mass (`mass_budget`), at most ceil(T / ratio) rows (the cap) and at least ceil(T / max_ratio) (the floor).
+    mass: float | None = None
+    max_ratio: float = 64.0  # adaptive budgets only: the floor ceil(T / max_ratio)
     latent_steps: int = 8  # G; the measured studies all use 8 (docs/methods.md#latentmas, "Default G")
     latent_mode: str = "rescale"
     selector: str = "cacheback"
@@ -98,6 +103,10 @@ class CacheBack(Protocol):
         super().__post_init__()
         if self.ratio < 1:
             raise ValueError(f"ratio must be ≥ 1, got {self.ratio}")
+        if self.mass is not None and not 0 < self.mass <= 1:
+            raise ValueError(f"mass must be in (0, 1] (None: the fixed budget), got {self.mass!r}")
+        if not self.max_ratio >= self.ratio:
+            raise ValueError(f"max_ratio (the adaptive floor) must be ≥ ratio (the cap), got {self.max_ratio}")
         if not isinstance(self.unit_floor, bool):
             raise ValueError(f"unit_floor must be a bool, got {self.unit_floor!r}")
         if self.latent_steps < 0:
@@ -224,8 +233,11 @@ class CacheBack(Protocol):
                 attention = self.scores(sender, state, question, per_row)
                 scores = fused_row_scores([unit_ranks(attention, units), unit_ranks(scores, units)], units,
                                           len(state), self.fuse_k, state.device)
-        return select_rows(scores, fanin_budget(len(state), self.ratio), keep, self.span, eligible, groups,
-                           self.unit_floor)
+        budget = fanin_budget(len(state), self.ratio)
+        if self.mass is not None:
+            budget = mass_budget(scores, keep, self.mass, min(budget, fanin_budget(len(state), self.max_ratio)),
+                                 budget, self.span, eligible, groups)
+        return select_rows(scores, budget, keep, self.span, eligible, groups, self.unit_floor)
 
     def span_groups(self, per_row: list, document: str) -> list[list[int]] | None:
         """The span units `choose` ranks for this document: None (fixed spans) or its sentences and lines."""
@@ -339,38 +351,3 @@ def masked_question(question: str) -> str:
     """The question with every content word replaced by "thing" (function words, punctuation and the
     word count kept): a query in the same template and shape that asks for nothing in particular."""
     return re.sub(r"[^\W_]+", lambda m: m.group(0) if m.group(0).lower() in _FUNCTION_WORDS else "thing", question)
-
-
-def document_rows(sender: Agent, document: str, n_rows: int, prompt: str | None = None
-                  ) -> tuple[list[tuple[int, int] | None], torch.Tensor]:
-    """Map a sender state's rows to its document: per prompt row the character span of `document` it
-    covers (None for template and question rows), and an (n_rows,) bool mask of document rows (latent
-    rows: False). `prompt`: what the sender read (default: SENDER_PROMPT around the document).
-
-    Only document rows compete for the budget: template tokens would be wasted in a message the
-    receiver re-prefills inside its own template.
-    """
-    prompt = SENDER_PROMPT.format(document=document) if prompt is None else prompt
-    per_row = token_document_spans(sender, sender.chat_text(prompt), document)
-    eligible = torch.zeros(n_rows, dtype=torch.bool, device=sender.device)  # with the sender's state
-    eligible[: len(per_row)] = torch.tensor([span is not None for span in per_row], dtype=torch.bool,
-                                            device=sender.device)
-    return per_row, eligible
-
-
-def token_document_spans(sender: Agent, text: str, document: str) -> list[tuple[int, int] | None]:
-    """Per token of `text` (as the sender tokenises it): the character span of `document` it covers, or None."""
-    offsets = sender.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-    start = text.find(document)
-    if start < 0:
-        raise TaskFormatError("the chat template altered the document (e.g. trimmed its whitespace); "
-                              "strip leading/trailing whitespace from the contexts")
-    spans = []
-    for a, b in offsets:
-        a, b = max(a, start), min(b, start + len(document))
-        spans.append((a - start, b - start) if a < b else None)
-    return spans
-
-
-def kept_document_spans(per_row: list, rows: torch.Tensor) -> tuple[tuple[int, int], ...]:
-    return tuple(per_row[r] for r in rows.tolist() if r < len(per_row) and per_row[r] is not None)

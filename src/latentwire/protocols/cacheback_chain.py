@@ -21,7 +21,8 @@ from ..message import Rows
 from ..select import (TextSelector, always_kept, fanin_budget, fixed_chain_budget, relative_chain_budget,
                       select_rows)
 from .base import SENDER_PROMPT, Outcome, register
-from .cacheback import CacheBack, document_rows, token_document_spans
+from .cacheback import CacheBack
+from .documents import document_rows, token_document_spans
 
 HOP_PROMPT = "Notes from the previous agent:\n" + SLOT + "\n\n" + SENDER_PROMPT
 BUDGETS = ("relative", "fixed")

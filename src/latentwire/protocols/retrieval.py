@@ -22,7 +22,8 @@ from ..placement import HOST
 from ..select import (SELECTORS, SPAN, TextSelector, fanin_budget, get_selector,
                       select_rows, span_units, sentence_groups, unit_row_scores)
 from .base import SENDER_PROMPT, Outcome, Protocol, register
-from .cacheback import SPAN_MODES, kept_document_spans, token_document_spans
+from .cacheback import SPAN_MODES
+from .documents import kept_document_spans, token_document_spans
 
 
 @dataclass(frozen=True)

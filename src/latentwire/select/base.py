@@ -146,15 +146,7 @@ def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int
         raise ValueError(f"{tuple(scores.shape)} scores for {tuple(keep.shape)} rows")
     if budget < 0 or span < 1:
         raise ValueError(f"budget must be ≥ 0 and span ≥ 1, got {budget}, {span}")
-    free = candidate_rows(keep, eligible)
-    if groups is None:
-        spans = fixed_spans(free, span)
-    else:
-        candidate = set(free.tolist())
-        spans = [torch.tensor(g, dtype=torch.int64, device=scores.device) for g in
-                 ([r for r in group if r in candidate] for group in groups) if g]
-    means = [float(scores[s].double().mean()) for s in spans]
-    order = sorted(range(len(spans)), key=lambda i: (-means[i], i))
+    spans, order = ranked_units(scores, keep, span, eligible, groups)
     chosen, used, rest = [], 0, []
     if unit_floor and groups is not None and order and 0 < budget < min(span, len(spans[order[0]])):
         order = order[:1]  # the best unit does not fit: it alone, whole (below), not lesser units that fit
@@ -174,6 +166,42 @@ def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int
         chosen.append(rows_[start:start + left])
     rows = torch.cat([torch.nonzero(keep).flatten(), *chosen]) if chosen else torch.nonzero(keep).flatten()
     return torch.sort(rows).values
+
+
+def ranked_units(scores: torch.Tensor, keep: torch.Tensor, span: int = SPAN, eligible: torch.Tensor | None = None,
+                 groups: list[list[int]] | None = None) -> tuple[list[torch.Tensor], list[int]]:
+    """The units `select_rows` ranks (fixed spans of the candidate rows, or `groups` restricted to them) and their
+    order, best mean score first (ties: the earlier unit)."""
+    free = candidate_rows(keep, eligible)
+    if groups is None:
+        spans = fixed_spans(free, span)
+    else:
+        candidate = set(free.tolist())
+        spans = [torch.tensor(g, dtype=torch.int64, device=scores.device) for g in
+                 ([r for r in group if r in candidate] for group in groups) if g]
+    means = [float(scores[s].double().mean()) for s in spans]
+    return spans, sorted(range(len(spans)), key=lambda i: (-means[i], i))
+
+
+def mass_budget(scores: torch.Tensor, keep: torch.Tensor, target: float, floor: int, cap: int, span: int = SPAN,
+                eligible: torch.Tensor | None = None, groups: list[list[int]] | None = None) -> int:
+    """An adaptive budget: the rows of the fewest best-ranked units (in `select_rows`' order) that together hold
+    `target` of the candidates' score mass (scores clipped at 0, so mass = share of the positive score), then
+    clamped to [floor, cap] (no positive score at all: the cap). A question whose evidence draws the scores sends
+    little; a diffuse one up to the cap.
+    With the result as budget, `select_rows` sends exactly those units (or the cap's worth). Deterministic."""
+    if not 0 < target <= 1:
+        raise ValueError(f"target mass must be in (0, 1], got {target!r}")
+    if not 0 <= floor <= cap:
+        raise ValueError(f"need 0 ≤ floor ≤ cap, got floor {floor}, cap {cap}")
+    spans, order = ranked_units(scores, keep, span, eligible, groups)
+    mass = [float(scores[u].double().clamp_min(0).sum()) for u in spans]
+    total, rows, got = sum(mass), 0, 0.0
+    for i in order:
+        if total > 0 and got >= target * total:
+            break
+        rows, got = rows + len(spans[i]), got + mass[i]
+    return min(cap, max(floor, rows))
 
 
 def candidate_rows(keep: torch.Tensor, eligible: torch.Tensor | None = None) -> torch.Tensor:
