@@ -249,7 +249,8 @@ def report(folder: Path, pairs, ratios, cmds: list[str]) -> str:
     return text
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line (defaults shown in --help)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--n", type=int, default=100, help="episodes per task")
@@ -268,7 +269,11 @@ def main() -> None:
     ap.add_argument("--dtype", default=None,
                     help="default: latentwire's choice for this machine (bf16 where the CPU has native bf16)")
     ap.add_argument("--out", type=Path, default=OUT, help="results folder (one subfolder per task)")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def parsed_lists(args: argparse.Namespace) -> tuple[list[str], list[tuple[str, str]], list[int], tuple[int, ...]]:
+    """--tasks, --pairs, --ratios and --sender-steps as lists; exits naming the option that is malformed."""
     tasks = args.tasks.split(",")
     if set(tasks) - set(TASKS):
         sys.exit(f"unknown tasks {sorted(set(tasks) - set(TASKS))}; valid: {', '.join(sorted(TASKS))}")
@@ -280,6 +285,73 @@ def main() -> None:
         steps = tuple(int(g) for g in args.sender_steps.split(",") if g.strip())
     except ValueError:
         sys.exit(f"--sender-steps: want comma-separated integers ≥ 0, got {args.sender_steps!r}")
+    return tasks, pairs, ratios, steps
+
+
+def task_config(args: argparse.Namespace, task: str, pairs, ratios: list[int], rows, agents: dict[str, Agent],
+                maps: dict, trained: dict) -> dict:
+    """This run's config.json for one task folder: its plan, each row's spec and dtype, the maps' and
+    translators' identities, and this invocation's environment."""
+    return {"task": task, "n": args.n, "seed": args.seed, "pairs": pairs, "ratios": ratios,
+            "protocols": {label: {"sender": a, "receiver": b} | recorded(spec)
+                          | {"dtype": joint(str(agents[a].dtype), str(agents[b].dtype))}
+                          for label, a, b, spec in rows}, "latent_maps": maps,
+            "translators": trained, "environment": environment(), "resumed": []}
+
+
+def resumed(folder: Path, first: dict, config: dict, done) -> dict:
+    """This run's `config` merged into the folder's `first` one (whose environment it keeps, logging this one's);
+    exits where a pair's verdicts would compare rows of different dtypes, or where the folder's records were made
+    with other latent maps or translators."""
+    pairs, ratios, maps, trained = config["pairs"], config["ratios"], config["latent_maps"], config["translators"]
+    old = row_dtypes(first)  # a folder from before rows recorded their dtype: its models' dtypes
+    first["protocols"] = {lab: p | {"dtype": old[lab]} for lab, p in first["protocols"].items()}
+    clash = dtype_clashes({lab: old[lab] for _, lab in done if lab in old},
+                          {lab: p["dtype"] for lab, p in config["protocols"].items()},
+                          [tuple(p) for p in first["pairs"]] + pairs,
+                          sorted(set(first["ratios"]) | set(ratios)))
+    if clash:
+        sys.exit(f"{folder}: these paired verdicts would compare rows of different dtypes; use a new --out, or "
+                 "--dtype as these rows recorded it:\n  " + "\n  ".join(clash))
+    refit = sorted(k for k, v in maps.items() if first.get("latent_maps", {}).get(k, v) != v)
+    if refit:
+        sys.exit(f"{folder} holds spans+latent records made with other latent maps for {refit} (another "
+                 "fit or folder); use a new --out, or the maps these records were made with")
+    retrained = sorted(k for k, v in trained.items() if first.get("translators", {}).get(k, v) != v)
+    if retrained:
+        sys.exit(f"{folder} holds translated records made with other translators for {retrained}; use a new "
+                 "--out, or the translators these records were made with")
+    return config | {"n": max(first["n"], config["n"]), "environment": first["environment"],
+                     "resumed": first.get("resumed", []) + [config["environment"]],
+                     "pairs": first["pairs"] + [list(p) for p in pairs if list(p) not in first["pairs"]],
+                     "ratios": sorted(set(first["ratios"]) | set(ratios)),
+                     "protocols": first["protocols"] | config["protocols"],
+                     "latent_maps": first.get("latent_maps", {}) | maps,
+                     "translators": first.get("translators", {}) | trained}
+
+
+def run_rows(folder: Path, task: str, episodes: list, rows, protocols: dict, agents: dict[str, Agent], done,
+             run_id: str) -> None:
+    """Every (episode, row) not `done` yet, appended to records.jsonl as it finishes; within an episode senders
+    read once per (model, G) and every row is charged its read (shared_reads)."""
+    t0 = time.perf_counter()
+    with (folder / "records.jsonl").open("a", encoding="utf-8") as f:
+        for i, ep in enumerate(episodes):
+            with shared_reads():
+                for label, a, b, _ in rows:
+                    if (ep.id, label) in done:
+                        continue
+                    rec = run_episode(Mixed(protocols[label], agents[a], agents[b]), label, ep, agents[a])
+                    rec |= {"sender_model": a, "receiver_model": b, "run": run_id}
+                    f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                    f.flush()
+            print(f"{task}: episode {i + 1}/{len(episodes)} ({time.perf_counter() - t0:.0f} s)", flush=True)
+
+
+def main() -> None:
+    """Plan the rows, load and check every model, map and translator, then run and report each task's folder."""
+    args = parse_args()
+    tasks, pairs, ratios, steps = parsed_lists(args)
     rows = plan(pairs, ratios, args.latent_maps, args.translators, steps)
     protocols = {label: get_protocol(spec["name"], **{k: v for k, v in spec.items() if k != "name"})
                  for label, _, _, spec in rows}  # every spec validated before any model loads
@@ -292,53 +364,14 @@ def main() -> None:
         folder.mkdir(parents=True, exist_ok=True)
         episodes = cell_episodes(TASKS[task], args.n, args.seed)
         ensure_episodes(folder / "episodes.jsonl", episodes)  # refuses another seed's episodes in the folder
-        config = {"task": task, "n": args.n, "seed": args.seed, "pairs": pairs, "ratios": ratios,
-                  "protocols": {label: {"sender": a, "receiver": b} | recorded(spec)
-                                | {"dtype": joint(str(agents[a].dtype), str(agents[b].dtype))}
-                                for label, a, b, spec in rows}, "latent_maps": maps,
-                  "translators": trained, "environment": environment(), "resumed": []}
+        config = task_config(args, task, pairs, ratios, rows, agents, maps, trained)
         drop_cut_lines(folder / "records.jsonl")
         cfg_path, done = folder / "config.json", finished(folder / "records.jsonl", "episode")
         if done and cfg_path.exists():  # resuming: keep the first run's environment, log this one's
-            first = json.loads(cfg_path.read_text())
-            old = row_dtypes(first)  # a folder from before rows recorded their dtype: its models' dtypes
-            first["protocols"] = {lab: p | {"dtype": old[lab]} for lab, p in first["protocols"].items()}
-            clash = dtype_clashes({lab: old[lab] for _, lab in done if lab in old},
-                                  {lab: p["dtype"] for lab, p in config["protocols"].items()},
-                                  [tuple(p) for p in first["pairs"]] + pairs,
-                                  sorted(set(first["ratios"]) | set(ratios)))
-            if clash:
-                sys.exit(f"{folder}: these paired verdicts would compare rows of different dtypes; use a new --out, or "
-                         "--dtype as these rows recorded it:\n  " + "\n  ".join(clash))
-            refit = sorted(k for k, v in maps.items() if first.get("latent_maps", {}).get(k, v) != v)
-            if refit:
-                sys.exit(f"{folder} holds spans+latent records made with other latent maps for {refit} (another "
-                         "fit or folder); use a new --out, or the maps these records were made with")
-            retrained = sorted(k for k, v in trained.items() if first.get("translators", {}).get(k, v) != v)
-            if retrained:
-                sys.exit(f"{folder} holds translated records made with other translators for {retrained}; use a new "
-                         "--out, or the translators these records were made with")
-            config |= {"n": max(first["n"], args.n), "environment": first["environment"],
-                       "resumed": first.get("resumed", []) + [config["environment"]],
-                       "pairs": first["pairs"] + [list(p) for p in pairs if list(p) not in first["pairs"]],
-                       "ratios": sorted(set(first["ratios"]) | set(ratios)),
-                       "protocols": first["protocols"] | config["protocols"],
-                       "latent_maps": first.get("latent_maps", {}) | maps,
-                       "translators": first.get("translators", {}) | trained}
+            config = resumed(folder, json.loads(cfg_path.read_text()), config, done)
         cfg_path.write_text(json.dumps(config, indent=2) + "\n")
         run_id = (config["resumed"][-1] if config["resumed"] else config["environment"])["run"]  # this invocation
-        t0 = time.perf_counter()
-        with (folder / "records.jsonl").open("a", encoding="utf-8") as f:
-            for i, ep in enumerate(episodes):
-                with shared_reads():
-                    for label, a, b, _ in rows:
-                        if (ep.id, label) in done:
-                            continue
-                        rec = run_episode(Mixed(protocols[label], agents[a], agents[b]), label, ep, agents[a])
-                        rec |= {"sender_model": a, "receiver_model": b, "run": run_id}
-                        f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-                        f.flush()
-                print(f"{task}: episode {i + 1}/{len(episodes)} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        run_rows(folder, task, episodes, rows, protocols, agents, done, run_id)
         log_command(folder, cmd)  # every command that added records to this folder, in order
         print(report(folder, [tuple(p) for p in config["pairs"]], config["ratios"], commands(folder)))  # resumes' union
 

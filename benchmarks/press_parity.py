@@ -174,7 +174,8 @@ def measure(theirs: torch.Tensor, scores: torch.Tensor, row_scores: torch.Tensor
             "ev_rows": float(torch.isin(gold, rows).double().mean()), "chance": k / theirs.shape[-1]}
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
+    """The command line; --out and --tiny (a tiny random-weight model: a smoke test) are hidden."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--dtype", default=None, help="model dtype (default: the machine's, as Agent.from_pretrained)")
@@ -186,18 +187,53 @@ def main() -> None:
                     help="keep episodes whose meta[KEY] == VALUE (a Python literal), repeatable")
     ap.add_argument("--out", default=str(OUT), help=argparse.SUPPRESS)
     ap.add_argument("--tiny", default=None, help=argparse.SUPPRESS)  # tiny random-weight ARCH: a smoke test
-    args = ap.parse_args()
-    names = args.presses.split(",")
-    if args.tiny:
-        from latentwire.models import tiny_model, tiny_tokenizer
+    return ap.parse_args()
 
-        torch.set_num_threads(1)
-        agent = Agent(tiny_model(args.tiny, max_position_embeddings=1 << 15), tiny_tokenizer(), f"tiny-{args.tiny}")
-        args.model = agent.model_name
+
+def load_agent(args: argparse.Namespace) -> Agent:
+    """The model under test: --model, or with --tiny ARCH a tiny random-weight one (args.model becomes its name)."""
+    if not args.tiny:
+        return Agent.from_pretrained(args.model, dtype=args.dtype)
+    from latentwire.models import tiny_model, tiny_tokenizer
+
+    torch.set_num_threads(1)
+    agent = Agent(tiny_model(args.tiny, max_position_embeddings=1 << 15), tiny_tokenizer(), f"tiny-{args.tiny}")
+    args.model = agent.model_name
+    return agent
+
+
+def gold_rows(agent: Agent, ep, a: int, doc: str, T: int) -> torch.Tensor:
+    """(G,) prompt rows of sender `a`'s T-row prompt whose document characters overlap a gold evidence span."""
+    spans = [(s.start, s.end) for s in ep.evidence if s.agent == a]
+    per_row, _ = document_rows(agent, doc, T)
+    gold = [r for r, sp in enumerate(per_row) if sp and any(sp[0] < e and sp[1] > s for s, e in spans)]
+    return torch.tensor(gold, dtype=torch.long, device=agent.device)  # (G,) prompt rows of the gold evidence
+
+
+def press_metrics(agent: Agent, name: str, prompt: str, state, gold: torch.Tensor, per_doc: dict) -> None:
+    """Runs press `name` on one prompt both ways and appends its metrics at every ratio to per_doc[(name, r)]."""
+    if name == "kvzip":
+        per_layer, kept, n_sink = kvzip_runs(agent, prompt)
+        layers = list(range(len(per_layer)))  # every layer (kvpress refuses sliding ones)
     else:
-        agent = Agent.from_pretrained(args.model, dtype=args.dtype)
-    filters = parse_filters(args.filter)
-    episodes = select_episodes(load_task_episodes(args.task), args.n, args.seed, filters)
+        (per_layer, kept), n_sink, layers = scorer_press_runs(agent, state, name), 0, _global_layers(state)
+    scores = torch.stack([per_layer[i] for i in layers]).to(agent.device)  # (L, H, T) float64
+    scores[..., :n_sink] = float("inf")  # kvzip's sinks: kvpress keeps them whatever their score
+    row_scores = _aggregate(per_layer, layers).to(agent.device)  # (T,): latentwire's per-row score
+    for r in RATIOS:
+        k = compute_n_kept(len(state), r)  # kvpress's rows kept per (layer, KV head)
+        per_doc[(name, r)].append(measure(kept[r], scores, row_scores, k, gold))
+
+
+def failure(e: Exception) -> str:
+    """A failed press's reason in one line; a StageError's names the side that failed."""
+    return str(e) if isinstance(e, StageError) else f"{type(e).__name__}: " + (str(e).splitlines() or [""])[0]
+
+
+def run_documents(agent: Agent, episodes: list,
+                  names: list[str]) -> tuple[dict, list[dict], dict[str, str], list[str]]:
+    """Every press on the first evidence-holding sender's document of each episode: per-document metrics per
+    (press, ratio), the documents, the presses that failed (with why) and the episodes skipped (with why)."""
     per_doc = {(p, r): [] for p in names for r in RATIOS}  # (press, ratio) -> per-document metrics
     docs, failed, skipped = [], {}, []
     for j, ep in enumerate(episodes):
@@ -205,13 +241,11 @@ def main() -> None:
             skipped.append(f"{ep.id} (no evidence)")
             continue
         a = min(s.agent for s in ep.evidence)
-        doc, spans = ep.contexts[a], [(s.start, s.end) for s in ep.evidence if s.agent == a]
+        doc = ep.contexts[a]
         prompt = SENDER_PROMPT.format(document=doc)
         state = agent.prefill(prompt)
         T = len(state)
-        per_row, _ = document_rows(agent, doc, T)
-        gold = [r for r, sp in enumerate(per_row) if sp and any(sp[0] < e and sp[1] > s for s, e in spans)]
-        gold = torch.tensor(gold, dtype=torch.long, device=agent.device)  # (G,) prompt rows of the gold evidence
+        gold = gold_rows(agent, ep, a, doc, T)  # (G,)
         if not len(gold):
             skipped.append(f"{ep.id} (no prompt row overlaps the evidence)")
             continue
@@ -220,34 +254,28 @@ def main() -> None:
             if name in failed:
                 continue
             try:
-                if name == "kvzip":
-                    per_layer, kept, n_sink = kvzip_runs(agent, prompt)
-                    layers = list(range(len(per_layer)))  # every layer (kvpress refuses sliding ones)
-                else:
-                    (per_layer, kept), n_sink, layers = scorer_press_runs(agent, state, name), 0, _global_layers(state)
-                scores = torch.stack([per_layer[i] for i in layers]).to(agent.device)  # (L, H, T) float64
-                scores[..., :n_sink] = float("inf")  # kvzip's sinks: kvpress keeps them whatever their score
-                row_scores = _aggregate(per_layer, layers).to(agent.device)  # (T,): latentwire's per-row score
-                for r in RATIOS:
-                    k = compute_n_kept(T, r)  # kvpress's rows kept per (layer, KV head)
-                    per_doc[(name, r)].append(measure(kept[r], scores, row_scores, k, gold))
+                press_metrics(agent, name, prompt, state, gold, per_doc)
             except Exception as e:  # e.g. kvzip on Gemma3: reported in the table, never dropped
                 traceback.print_exc()
-                failed[name] = str(e) if isinstance(e, StageError) else \
-                    f"{type(e).__name__}: " + (str(e).splitlines() or [""])[0]
+                failed[name] = failure(e)
                 for r in RATIOS:
                     per_doc[(name, r)].clear()
         print(f"[{j + 1}/{len(episodes)}] {ep.id} sender {a}: T={T}, gold rows {len(gold)}  " + "  ".join(
             f"{n}@8× {per_doc[(n, 0.875)][-1]['ev_kvpress']:.2f}/{per_doc[(n, 0.875)][-1]['ev_rows']:.2f}"
             for n in names if n not in failed), flush=True)
+    return per_doc, docs, failed, skipped
 
-    table = {(n, r): {m: statistics.mean(d[m] for d in per_doc[(n, r)]) for m in METRICS}
-             for n in names if n not in failed for r in RATIOS if per_doc[(n, r)]}
-    tag = "" if args.task == "facts" and not filters else \
-        f"_{Path(args.task).stem}" + "".join(f"_{k}{v}" for k, v in filters.items())
-    cmd = ("python benchmarks/press_parity.py" + (f" --tiny {args.tiny}" if args.tiny else f" --model {args.model}")
-           + (f" --dtype {args.dtype}" if args.dtype else "") + f" --task {args.task} --n {args.n} --seed {args.seed}"
-           + f" --presses {args.presses}" + "".join(f" --filter {f}" for f in args.filter))
+
+def command(args: argparse.Namespace) -> str:
+    """The command line that reproduces this run, every option spelled out."""
+    return ("python benchmarks/press_parity.py" + (f" --tiny {args.tiny}" if args.tiny else f" --model {args.model}")
+            + (f" --dtype {args.dtype}" if args.dtype else "") + f" --task {args.task} --n {args.n} --seed {args.seed}"
+            + f" --presses {args.presses}" + "".join(f" --filter {f}" for f in args.filter))
+
+
+def page_lines(args: argparse.Namespace, agent: Agent, filters: dict, cmd: str, names: list[str], table: dict,
+               failed: dict[str, str], skipped: list[str], docs: list[dict]) -> list[str]:
+    """The markdown page: a row per (press, ratio), the failed presses, the skipped episodes, the documents."""
     lines = [f"# kvpress parity and evidence kept ({args.task}" + "".join(f", {k}={v}" for k, v in filters.items())
              + f", {args.model}, {str(agent.dtype).removeprefix('torch.')}, {len(docs)} sender documents)", "",
              f"Command: `{cmd}`", "",
@@ -266,6 +294,24 @@ def main() -> None:
         lines += ["", "Skipped episodes: " + ", ".join(skipped) + "."]
     lines += ["", "Documents: " + ", ".join(f"{d['episode']}#{d['agent']} (T={d['rows']}, gold {d['gold_rows']})"
                                            for d in docs) + "."]
+    return lines
+
+
+def main() -> None:
+    """Run every press both ways on each document, then write the parity page and its JSON."""
+    args = parse_args()
+    names = args.presses.split(",")
+    agent = load_agent(args)
+    filters = parse_filters(args.filter)
+    episodes = select_episodes(load_task_episodes(args.task), args.n, args.seed, filters)
+    per_doc, docs, failed, skipped = run_documents(agent, episodes, names)
+
+    table = {(n, r): {m: statistics.mean(d[m] for d in per_doc[(n, r)]) for m in METRICS}
+             for n in names if n not in failed for r in RATIOS if per_doc[(n, r)]}
+    tag = "" if args.task == "facts" and not filters else \
+        f"_{Path(args.task).stem}" + "".join(f"_{k}{v}" for k, v in filters.items())
+    cmd = command(args)
+    lines = page_lines(args, agent, filters, cmd, names, table, failed, skipped, docs)
     print("\n".join(lines))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

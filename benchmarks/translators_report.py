@@ -136,31 +136,31 @@ def training_logs(grid: Path) -> list[tuple[str, dict]]:
     return out
 
 
-def page(grid: Path, cells: dict) -> tuple[str, dict]:
-    pairs_done = sorted({p for p, _ in cells})
-    pending = [p for p in PAIRS.split(",") if p not in pairs_done]
-    tasks = sorted({t for _, t in cells})
+def intro(cells: dict, pairs_done: list[str], pending: list[str], tasks: list[str], dtypes: list[str]) -> list[str]:
+    """The page's title, commands, and which pairs, tasks and dtypes the grid covers."""
     ns = sorted({len(rows[r]["acc"]) for rows in cells.values() for r in rows})
 
     def partial(pair: str) -> str:  # a pair evaluated on only some of the grid's tasks says which
         got = [t for t in tasks if (pair, t) in cells]
         return f" ({', '.join(got)} only)" if len(got) < len(tasks) else ""
 
-    runs = cell_runs(grid)
-    dtypes = sorted({dtype for dtype, _ in runs.values()})
-    lines = ["# Translators between different frozen models: the grid", "",
-             "Commands, per ordered pair A:B (sharer:receiver): `python benchmarks/train_translators.py --pairs A:B`, "
-             "then `python benchmarks/translators.py --pairs A:B --n 64`; this page: "
-             "`python benchmarks/translators.py --report-only`.", "",
-             f"Pairs evaluated: {', '.join(p.replace(':', ' → ') + partial(p) for p in pairs_done) or 'none'}"
-             + (f"; not yet: {', '.join(p.replace(':', ' → ') for p in pending)}." if pending else "."),
-             f"Tasks: {', '.join(tasks)}; held-out pairs per cell: {', '.join(map(str, ns))} (documents never seen in "
-             "training). Accuracy = a gold alias occurs in the reply. C2C (both gates) is a shared-context method: "
-             "the receiver reads both documents too, so its reference is full context (one model reading both), "
-             "not the single-document translators."
-             + (f" Cells ran in different dtypes ({', '.join(dtypes)}; each pair's section says which): accuracy "
-                "compares across cells, times only within a pair." if len(dtypes) > 1 else ""), "",
-             "## Macro accuracy per method", "",
+    return ["# Translators between different frozen models: the grid", "",
+            "Commands, per ordered pair A:B (sharer:receiver): `python benchmarks/train_translators.py --pairs A:B`, "
+            "then `python benchmarks/translators.py --pairs A:B --n 64`; this page: "
+            "`python benchmarks/translators.py --report-only`.", "",
+            f"Pairs evaluated: {', '.join(p.replace(':', ' → ') + partial(p) for p in pairs_done) or 'none'}"
+            + (f"; not yet: {', '.join(p.replace(':', ' → ') for p in pending)}." if pending else "."),
+            f"Tasks: {', '.join(tasks)}; held-out pairs per cell: {', '.join(map(str, ns))} (documents never seen in "
+            "training). Accuracy = a gold alias occurs in the reply. C2C (both gates) is a shared-context method: "
+            "the receiver reads both documents too, so its reference is full context (one model reading both), "
+            "not the single-document translators."
+            + (f" Cells ran in different dtypes ({', '.join(dtypes)}; each pair's section says which): accuracy "
+               "compares across cells, times only within a pair." if len(dtypes) > 1 else ""), ""]
+
+
+def summary_section(cells: dict) -> tuple[list[str], dict]:
+    """The macro-accuracy table (one line per method that ran) and its rows as grid.json's "summary"."""
+    lines = ["## Macro accuracy per method", "",
              "Mean over the (pair, task) cells; 95% CI from a stratified bootstrap (episodes redrawn within each "
              "cell). EM (the reply is exactly a gold alias, SQuAD-normalised) beside it: accuracy credits a reply "
              "that names the answer anywhere, which favours long replies.", "",
@@ -180,8 +180,13 @@ def page(grid: Path, cells: dict) -> tuple[str, dict]:
         summary[row]["em"] = em
         lines.append(f"| {row}{tag} | {m:.3f} [{lo:.3f}, {hi:.3f}] | {em:.3f} | {k} | {n} | {tteoa:.2f} | "
                      + (f"{ms:.1f} |" if ms == ms else "– |"))
-    lines += ["", "## Verdicts", "", "| claim | a − b | macro difference [95% CI] | McNemar p | Holm p | episodes | "
-              "verdict |", "|---|---|---|---:|---:|---:|---|"]
+    return lines, summary
+
+
+def verdict_section(cells: dict) -> tuple[list[str], list[dict]]:
+    """The pooled verdicts table (McNemar p, Holm-adjusted) and its rows as grid.json's "verdicts"."""
+    lines = ["", "## Verdicts", "", "| claim | a − b | macro difference [95% CI] | McNemar p | Holm p | episodes | "
+             "verdict |", "|---|---|---|---:|---:|---:|---|"]
     verdicts = [{"a": a, "b": b, "claim": claim, **v, "verdict": decide(v)}
                 for a, b, claim in VERDICTS if (v := paired(cells, a, b)) is not None]
     for v, q in zip(verdicts, holm([v["p"] for v in verdicts])):
@@ -190,53 +195,90 @@ def page(grid: Path, cells: dict) -> tuple[str, dict]:
                      f"{100 * v['high']:+.1f}] | {v['p']:.3g} | {q:.3g} | {v['n']} | {v['verdict']} |")
     if verdicts:
         lines += ["", holm_note(len(verdicts))]
+    return lines, verdicts
+
+
+def receiver_section(by_receiver: dict) -> list[str]:
+    """The verdicts per receiver model, one column each; nothing when the grid has one receiver."""
+    if not by_receiver:
+        return []
+    receivers = list(by_receiver)
+    lines = ["", "### The verdicts per receiver model", "",
+             "The same paired differences over the cells of one receiver each (McNemar p unadjusted): a "
+             "pooled verdict that one receiver alone carries shows here.", "",
+             "| claim | " + " | ".join(f"receiver {r}" for r in receivers) + " |", "|---|" + "---|" * len(receivers)]
+    for _, _, claim in VERDICTS:
+        got = [by_receiver[r].get(claim) for r in receivers]
+        if any(got):
+            lines.append(f"| {claim} | " + " | ".join(
+                f"{100 * v['diff']:+.1f} pp [{100 * v['low']:+.1f}, {100 * v['high']:+.1f}], p = {v['p']:.2g}, "
+                f"n = {v['n']}" if v else "–" for v in got) + " |")
+    return lines
+
+
+def pair_row(row: str, present: list[dict | None]) -> str:
+    """One method's line of a pair's table, from its cell per task (None where it did not run that task)."""
+    accs = []
+    for c in present:
+        if c is None:
+            accs.append("–")
+            continue
+        m, lo, hi = bootstrap_ci(list(c["acc"].values()))
+        accs.append(f"{m:.2f} [{lo:.2f}, {hi:.2f}]")
+    got = [c for c in present if c]
+    ms = median([x for c in got for x in c["ms"]])
+    return (f"| {row} | " + " | ".join(accs) + f" | {median([x for c in got for x in c['tteoa']]):.2f} | "
+            + (f"{ms:.1f}" if ms == ms else "–") + f" | {got[0]['params'] or 0:,d} | "
+            f"{sum(c['errors'] for c in got)} |")
+
+
+def pair_section(pair: str, cells: dict, runs: dict, tasks: list[str]) -> list[str]:
+    """One model pair's section: how its cells ran, and accuracy per task of every method it ran."""
+    lines = ["", f"## {pair.replace(':', ' → ')}", "",
+             "Ran in " + "; ".join(f"{t}: {runs[(pair, t)][1]}" for t in tasks if (pair, t) in runs) + ".", "",
+             "| method | " + " | ".join(f"{t} accuracy [95% CI]" for t in tasks) + " | median TTEOA s | "
+             "translator ms | params | errors |", "|---|" + "---|" * len(tasks) + "---:|---:|---:|---:|"]
+    for row in ROWS:
+        present = [cells.get((pair, t), {}).get(row) for t in tasks]
+        if any(present):
+            lines.append(pair_row(row, present))
+    return lines
+
+
+def training_section(logs: list[tuple[str, dict]]) -> list[str]:
+    """The training runs table (steps, batch, schedule, wall time, validation loss); nothing without logs."""
+    if not logs:
+        return []
+    lines = ["", "## Training runs (`benchmarks/train_translators.py`)", "",
+             "| method | sharer → receiver | steps reached (stage I + answer) | batch | lr schedule | params | "
+             "wall time | val loss first → last eval |", "|---|---|---:|---:|---|---:|---:|---|"]
+    for method, log in logs:
+        c = log["config"]
+        stage1 = min(log["step"], c["stage1_steps"])
+        lines.append(f"| {METHOD_ROW.get(method, method)} | {c['sharer']} → {c['receiver']} | {log['step']} of "
+                     f"{c['steps']} ({stage1} + {log['step'] - stage1}) | {c['batch']} | "
+                     f"{c.get('lr_schedule', 'constant')} | {log.get('parameters', 0):,d} | "
+                     f"{log.get('seconds', 0) / 60:.1f} min | {log['val'][0][1]:.2f} (step {log['val'][0][0]}) "
+                     f"→ {log['val'][-1][1]:.2f} |")
+    return lines
+
+
+def page(grid: Path, cells: dict) -> tuple[str, dict]:
+    """README.md's text and grid.json's data, from the cells and the training logs in `grid`."""
+    pairs_done = sorted({p for p, _ in cells})
+    pending = [p for p in PAIRS.split(",") if p not in pairs_done]
+    tasks = sorted({t for _, t in cells})
+    runs = cell_runs(grid)
+    dtypes = sorted({dtype for dtype, _ in runs.values()})
+    summary_lines, summary = summary_section(cells)
+    verdict_lines, verdicts = verdict_section(cells)
     by_receiver = verdicts_by_receiver(cells)
-    if by_receiver:
-        receivers = list(by_receiver)
-        lines += ["", "### The verdicts per receiver model", "",
-                  "The same paired differences over the cells of one receiver each (McNemar p unadjusted): a "
-                  "pooled verdict that one receiver alone carries shows here.", "",
-                  "| claim | " + " | ".join(f"receiver {r}" for r in receivers) + " |", "|---|" + "---|" * len(receivers)]
-        for _, _, claim in VERDICTS:
-            got = [by_receiver[r].get(claim) for r in receivers]
-            if any(got):
-                lines.append(f"| {claim} | " + " | ".join(
-                    f"{100 * v['diff']:+.1f} pp [{100 * v['low']:+.1f}, {100 * v['high']:+.1f}], p = {v['p']:.2g}, "
-                    f"n = {v['n']}" if v else "–" for v in got) + " |")
-    for pair in pairs_done:
-        lines += ["", f"## {pair.replace(':', ' → ')}", "",
-                  "Ran in " + "; ".join(f"{t}: {runs[(pair, t)][1]}" for t in tasks if (pair, t) in runs) + ".", "",
-                  "| method | " + " | ".join(f"{t} accuracy [95% CI]" for t in tasks) + " | median TTEOA s | "
-                  "translator ms | params | errors |", "|---|" + "---|" * len(tasks) + "---:|---:|---:|---:|"]
-        for row in ROWS:
-            present = [cells.get((pair, t), {}).get(row) for t in tasks]
-            if not any(present):
-                continue
-            accs = []
-            for c in present:
-                if c is None:
-                    accs.append("–")
-                    continue
-                m, lo, hi = bootstrap_ci(list(c["acc"].values()))
-                accs.append(f"{m:.2f} [{lo:.2f}, {hi:.2f}]")
-            got = [c for c in present if c]
-            ms = median([x for c in got for x in c["ms"]])
-            lines.append(f"| {row} | " + " | ".join(accs) + f" | {median([x for c in got for x in c['tteoa']]):.2f} | "
-                         + (f"{ms:.1f}" if ms == ms else "–") + f" | {got[0]['params'] or 0:,d} | "
-                         f"{sum(c['errors'] for c in got)} |")
     logs = training_logs(grid)
-    if logs:
-        lines += ["", "## Training runs (`benchmarks/train_translators.py`)", "",
-                  "| method | sharer → receiver | steps reached (stage I + answer) | batch | lr schedule | params | "
-                  "wall time | val loss first → last eval |", "|---|---|---:|---:|---|---:|---:|---|"]
-        for method, log in logs:
-            c = log["config"]
-            stage1 = min(log["step"], c["stage1_steps"])
-            lines.append(f"| {METHOD_ROW.get(method, method)} | {c['sharer']} → {c['receiver']} | {log['step']} of "
-                         f"{c['steps']} ({stage1} + {log['step'] - stage1}) | {c['batch']} | "
-                         f"{c.get('lr_schedule', 'constant')} | {log.get('parameters', 0):,d} | "
-                         f"{log.get('seconds', 0) / 60:.1f} min | {log['val'][0][1]:.2f} (step {log['val'][0][0]}) "
-                         f"→ {log['val'][-1][1]:.2f} |")
+    lines = intro(cells, pairs_done, pending, tasks, dtypes) + summary_lines + verdict_lines
+    lines += receiver_section(by_receiver)
+    for pair in pairs_done:
+        lines += pair_section(pair, cells, runs, tasks)
+    lines += training_section(logs)
     lines += ["", "Translator forward time and parameters, XKV vs LCF-X: [translators_timing](../translators_timing.md).",
               "", "![accuracy per pair](accuracy.png)"] + (["", "![validation loss](loss.png)"] if logs else [])
     return "\n".join(lines) + "\n", {"summary": summary, "verdicts": verdicts, "by_receiver": by_receiver,
