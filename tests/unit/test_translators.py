@@ -244,3 +244,37 @@ def test_a_save_interrupted_between_weights_and_log_is_refused(tmp_path, agent_f
     (out / "trainer.json").write_text(json.dumps(log))
     with pytest.raises(ConfigError, match="weights are from step 8 but the training log stops at step 4"):
         _tiny_run(tmp_path, agent_for, "xkv", 8)
+
+
+def test_the_no_sharer_control_replaces_every_sharer_document_and_nothing_else():
+    from latentwire.bench.tasks.pairs import pairs
+    from latentwire.training.trainer import control_pairs
+
+    ps = pairs("facts", "train", 8, 0) + pairs("reasoning", "train", 6, 0)
+    shuffled = control_pairs(ps, "shuffled", 0)
+    assert shuffled == control_pairs(ps, "shuffled", 0) and shuffled != control_pairs(ps, "shuffled", 1)
+    for a, b in zip(ps, shuffled):
+        assert (b.id, b.task, b.receiver_doc, b.question, b.answers) == (a.id, a.task, a.receiver_doc, a.question,
+                                                                          a.answers)
+        assert b.sharer_doc != a.sharer_doc  # never its own document
+    for task in ("facts", "reasoning"):  # a permutation of the task's own sharer documents
+        assert sorted(p.sharer_doc for p in shuffled if p.task == task) == \
+            sorted(p.sharer_doc for p in ps if p.task == task)
+    assert all(p.sharer_doc == "" for p in control_pairs(ps, "blank", 0))
+    assert control_pairs(ps, "own", 0) == ps
+    with pytest.raises(UnknownNameError):
+        TrainConfig("xkv", "a", "b", sharer_docs="none")
+
+
+def test_a_control_run_trains_on_the_replaced_documents(tmp_path, agent_for, monkeypatch):
+    from latentwire.training import trainer
+
+    seen = []
+    real = trainer.pair_states
+    monkeypatch.setattr(trainer, "pair_states", lambda pair, *a, **kw: seen.append(pair) or real(pair, *a, **kw))
+    _, log = _tiny_run(tmp_path, agent_for, "xkv", 2, sharer_docs="shuffled")
+    cfg = TrainConfig("xkv", "gemma3", "llama", tasks=("reasoning",), train_n=6, val_n=3, steps=2, batch=2)
+    own = {p.id: p.sharer_doc for p in trainer.data(dataclasses.replace(cfg, sharer_docs="own"))[0] +
+           trainer.data(dataclasses.replace(cfg, sharer_docs="own"))[1]}
+    assert seen and all(p.sharer_doc != own[p.id] for p in seen)  # training and validation pairs alike
+    assert log["config"]["sharer_docs"] == "shuffled"

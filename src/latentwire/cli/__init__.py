@@ -171,6 +171,8 @@ def _add_train(sub) -> None:
     trn.add_argument("--stage1-steps", type=int, default=0, help="dense only: cache-reconstruction steps first")
     trn.add_argument("--context-aware", action="store_true",
                      help="dense only: train (and mark the checkpoint) for the context-aware mode")
+    trn.add_argument("--sharer-docs", default="own", choices=("own", "shuffled", "blank"),
+                     help="the no-sharer control: train on other pairs' sharer documents (shuffled) or empty ones")
     trn.add_argument("--eval-every", type=int, default=50, help="steps between validation losses")
     trn.add_argument("--seed", type=int, default=0, help="seed of the pairs and the initialisation")
     trn.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",

@@ -175,8 +175,9 @@ def _train(args) -> int:
     cfg = TrainConfig(args.method, args.sharer, args.receiver, tasks=tasks, train_n=args.train_n, val_n=args.val_n,
                       steps=args.steps, batch=args.batch, lr=args.lr, stage1_steps=args.stage1_steps,
                       eval_every=args.eval_every, seed=args.seed, params=parse_filters(args.param, "--param"),
-                      device=args.device, dtype=args.dtype, context_aware=args.context_aware)
-    mode = "_aware" if args.context_aware else ""
+                      device=args.device, dtype=args.dtype, context_aware=args.context_aware,
+                      sharer_docs=args.sharer_docs)
+    mode = ("_aware" if args.context_aware else "") + ("" if args.sharer_docs == "own" else f"_{args.sharer_docs}")
     out = args.out or Path("runs") / "translators" / (f"{args.method}{mode}_{Path(args.sharer).name}_"
                                                       f"{Path(args.receiver).name}")
     out = train(cfg, out)

@@ -38,8 +38,9 @@ from .states import StateCache, pair_states
 TRAINER = "trainer.json"
 OPTIMIZER = "optimizer.safetensors"
 # TrainConfig fields added after runs were saved, with the value those runs had
-_ADDED = {"context_aware": False, "lr_schedule": "constant"}
+_ADDED = {"context_aware": False, "lr_schedule": "constant", "sharer_docs": "own"}
 LR_SCHEDULES = ("constant", "cosine")
+SHARER_DOCS = ("own", "shuffled", "blank")  # the no-sharer control (`TrainConfig.sharer_docs`)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,11 @@ class TrainConfig:
     weight_decay: float = 0.0
     stage1_steps: int = 0  # dense only: reconstruction steps before the answer loss
     context_aware: bool = False  # dense only: the receiver answers over its own read of both documents
+    # The no-sharer control: "own" (the pair's sharer document), "shuffled" (another training pair's sharer
+    # document, of the same task: realistic text that cannot hold the answer) or "blank" (an empty document).
+    # Trained the same way on what cannot transfer the answer, it measures what training teaches besides
+    # transfer (the answer's format, the receiver's own prior): a translator beats it only by transferring.
+    sharer_docs: str = "own"
     eval_every: int = 50
     seed: int = 0
     params: dict = field(default_factory=dict)  # the translator's config fields
@@ -81,6 +87,8 @@ class TrainConfig:
         if not isinstance(self.context_aware, bool) or (self.context_aware and self.method != "dense"):
             raise ConfigError(f"context_aware (a bool) applies to the dense method only; got {self.context_aware!r} "
                               f"for {self.method}")
+        if self.sharer_docs not in SHARER_DOCS:
+            raise UnknownNameError("sharer documents", self.sharer_docs, SHARER_DOCS)
         if "context_aware" in self.params:
             raise ConfigError("set the dense mode with TrainConfig(context_aware=...), not in params")
 
@@ -89,10 +97,29 @@ class TrainConfig:
 
 
 def data(cfg: TrainConfig) -> tuple[list[Pair], list[Pair]]:
+    """Training and validation pairs; under a no-sharer control (`sharer_docs`) their sharer documents replaced."""
     train = [p for t in cfg.tasks for p in pairs(t, "train", cfg.train_n, cfg.seed)]
     val = [p for t in cfg.tasks for p in pairs(t, "val", cfg.val_n, cfg.seed)]
     check_disjoint(train, val, [p for t in cfg.tasks for p in pairs(t, "test", cfg.val_n, cfg.seed)])
-    return train, val
+    return control_pairs(train, cfg.sharer_docs, cfg.seed), control_pairs(val, cfg.sharer_docs, cfg.seed)
+
+
+def control_pairs(pairs_: list[Pair], sharer_docs: str, seed: int) -> list[Pair]:
+    """`pairs_` with each sharer document kept ("own"), emptied ("blank") or replaced by the sharer document of
+    another pair of the same task ("shuffled": a seeded rotation of a shuffled order, so no pair keeps its own
+    document, unless a task has a single pair)."""
+    if sharer_docs == "own":
+        return list(pairs_)
+    if sharer_docs == "blank":
+        return [dataclasses.replace(p, sharer_doc="") for p in pairs_]
+    out = list(pairs_)
+    for task in dict.fromkeys(p.task for p in pairs_):
+        idx = [i for i, p in enumerate(pairs_) if p.task == task]
+        order = idx[:]
+        random.Random(f"{seed}-{task}-control").shuffle(order)
+        for a, b in zip(order, order[1:] + order[:1]):  # each takes the next one's document in the shuffled cycle
+            out[a] = dataclasses.replace(pairs_[a], sharer_doc=pairs_[b].sharer_doc)
+    return out
 
 
 def batch_indices(n: int, seed: int, step: int, batch: int) -> list[int]:
