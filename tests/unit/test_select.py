@@ -357,3 +357,71 @@ def test_cacheback_adaptive_budget_sends_between_floor_and_cap_deterministically
     with pytest.raises(ConfigError, match="max_ratio"):
         get_protocol("cacheback", ratio=8, mass=0.9, max_ratio=4)
     assert get_protocol("cacheback_chain", budget="fixed").mass is None  # the chain's own `budget` is untouched
+
+
+# -- context carried with a selected sentence ----------------------------------------------------------
+def test_context_rows_name_each_sentences_paragraph_lead_or_predecessor():
+    import re
+
+    from latentwire.select import context_rows, sentence_groups
+
+    doc = "Ann moved here. She keeps bees.\n\nBo sings. He drinks tea. He rows.\nNew line here."
+    rows = re.finditer(r"\n+|[ \t]*\S+", doc)  # as a tokenizer: a row per word with the space before it, newlines apart
+    per_row = [(m.start(), m.end()) for m in rows]
+    groups = sentence_groups(per_row, doc, 32)
+    texts = [doc[per_row[g[0]][0]:per_row[g[-1]][1]].strip() for g in groups]
+    assert texts == ["Ann moved here.", "She keeps bees.", "", "Bo sings.", "He drinks tea.", "He rows.", "",
+                     "New line here."]  # newline rows are groups of their own
+    lead = context_rows(groups, per_row, doc, "lead")
+    prev = context_rows(groups, per_row, doc, "previous")
+    g = groups
+    assert lead == [[], g[0], [], [], g[3], g[3], [], g[3]]  # one newline does not end a paragraph; a blank line does
+    assert prev == [[], g[0], [], [], g[3], g[4], [], g[5]]
+    assert all(c == [] for c in context_rows(groups, per_row, doc, "none"))
+    with pytest.raises(ValueError):
+        context_rows(groups, per_row, doc, "all")
+
+
+def test_select_rows_with_context_pays_for_shared_rows_once_and_never_exceeds_the_budget():
+    keep = torch.zeros(10, dtype=torch.bool)
+    keep[0] = True
+    groups = [[1, 2], [3, 4], [5, 6, 7], [8, 9]]  # one paragraph: [1, 2] is its lead
+    context = [[], [1, 2], [1, 2], [1, 2]]
+    scores = torch.tensor([0, 0.1, 0.1, 5, 5, 4, 4, 4, 0.2, 0.2])
+    # the best sentence [3, 4] comes with its lead [1, 2]; the next, [5, 6, 7], adds 3 rows (the lead is paid once)
+    assert select_rows(scores, 7, keep, 4, None, groups, False, context).tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert select_rows(scores, 6, keep, 4, None, groups, False, context).tolist() == [0, 1, 2, 3, 4, 8, 9]
+    # not even the best sentence fits with its lead: the plain selection, within the same budget
+    assert torch.equal(select_rows(scores, 3, keep, 4, None, groups, False, context),
+                       select_rows(scores, 3, keep, 4, None, groups))
+    for budget in range(0, 11):
+        rows = select_rows(scores, budget, keep, 4, None, groups, False, context)
+        assert len(rows) - 1 <= budget and rows.tolist() == sorted(set(rows.tolist()))
+    with pytest.raises(ValueError, match="context"):
+        select_rows(scores, 4, keep, 4, None, None, False, context)
+
+
+def test_cacheback_and_retrieval_send_the_lead_with_the_sentence(agent_for):
+    from latentwire.errors import ConfigError
+    from latentwire.protocols.cacheback import document_rows
+
+    agent = agent_for("llama")
+    doc = ("Dmitri Zeller moved here in 2009. He is afraid of thunder. Every morning he drinks oat milk.\n\n"
+           "Nadia Molnar moved here in 2013. Every morning she drinks mocha. She bakes gingerbread.")
+    lead_text = "Dmitri Zeller moved here in 2009."
+    retr = get_protocol("retrieval", selector="lexical", ratio=2, context="lead").pick(agent, doc, "oat milk?")
+    assert lead_text in retr.text and "oat milk" in retr.text
+    cb = get_protocol("cacheback", ratio=2, latent_steps=1, context="lead", selector="lexical")
+    state = cb.read(agent, doc)
+    per_row, eligible = document_rows(agent, doc, len(state))
+    rows = cb.choose(agent, state, "oat milk?", eligible, cb.span_groups(per_row, doc), per_row, doc)
+    kept = [per_row[r] for r in rows.tolist() if r < len(per_row) and per_row[r] is not None]
+    text = "".join(doc[a:b] for a, b in kept)
+    assert "Dmitri" in text and "oat" in text
+    for name in ("cacheback", "retrieval"):
+        with pytest.raises(UnknownNameError, match="valid: lead, none, previous"):
+            get_protocol(name, context="paragraph")
+        with pytest.raises(ConfigError, match="sentence"):
+            get_protocol(name, context="lead", span_mode="fixed")
+    with pytest.raises(ConfigError, match="fan-in"):
+        get_protocol("cacheback_chain", context="lead")

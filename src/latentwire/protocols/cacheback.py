@@ -18,7 +18,7 @@ import torch
 from ..agent import KV_PROMPT, LATENT_MODES, MESSAGE_PROMPT, Agent
 from ..errors import ConfigError, ContextOverflowError, UnknownNameError
 from ..message import Rows
-from ..select import (SELECTORS, SPAN, TextSelector, always_kept, fanin_budget, mass_budget,
+from ..select import (CONTEXTS, SELECTORS, SPAN, TextSelector, always_kept, context_rows, fanin_budget, mass_budget,
                       fused_row_scores, get_selector, select_rows, span_units, sentence_groups, unit_ranks, unit_row_scores)
 from ..state import KVState
 from .base import QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, sender_prompt_lengths
@@ -78,6 +78,10 @@ class CacheBack(Protocol):
     # best sentence does not fit, send that sentence whole and alone, rather than a piece of it ("Biscuit" cut
     # to "B") or short lesser sentences that fit. Budgets of a span or more (every measured study) are unchanged.
     unit_floor: bool = True
+    # Sentence spans only: rows a selected sentence takes along, spending budget (`context_rows`): "lead" = the
+    # first sentence of its paragraph (which names the subject a "he" or an alias refers to), "previous" = the
+    # sentence before it, "none" = the sentence alone.
+    context: str = "none"
     # How q is appended after the finished state: "turn" = the receiver's own next chat turn asking the
     # question (what the receiver would prefill), "raw" = the question's tokens alone.
     query_format: str = "turn"
@@ -123,6 +127,10 @@ class CacheBack(Protocol):
             raise UnknownNameError("span mode", self.span_mode, SPAN_MODES)
         if self.span < 1:
             raise ValueError(f"span must be ≥ 1, got {self.span}")
+        if self.context not in CONTEXTS:
+            raise UnknownNameError("context", self.context, CONTEXTS)
+        if self.context != "none" and self.span_mode != "sentence":
+            raise ValueError(f"context {self.context!r} takes along whole sentences: it needs span_mode 'sentence'")
         if self.calibration not in CALIBRATIONS:
             raise UnknownNameError("calibration", self.calibration, CALIBRATIONS)
         if self.calibration_floor <= 0:
@@ -237,7 +245,12 @@ class CacheBack(Protocol):
         if self.mass is not None:
             budget = mass_budget(scores, keep, self.mass, min(budget, fanin_budget(len(state), self.max_ratio)),
                                  budget, self.span, eligible, groups)
-        return select_rows(scores, budget, keep, self.span, eligible, groups, self.unit_floor)
+        ctx = None
+        if self.context != "none" and groups is not None:
+            if per_row is None or document is None:
+                raise ValueError(f"context {self.context!r} reads the document's paragraphs: pass per_row and document")
+            ctx = context_rows(groups, per_row, document, self.context)
+        return select_rows(scores, budget, keep, self.span, eligible, groups, self.unit_floor, ctx)
 
     def span_groups(self, per_row: list, document: str) -> list[list[int]] | None:
         """The span units `choose` ranks for this document: None (fixed spans) or its sentences and lines."""

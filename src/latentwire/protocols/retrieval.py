@@ -19,7 +19,7 @@ import torch
 from ..agent import Agent
 from ..errors import ConfigError, UnknownNameError
 from ..placement import HOST
-from ..select import (SELECTORS, SPAN, TextSelector, fanin_budget, get_selector,
+from ..select import (CONTEXTS, SELECTORS, SPAN, TextSelector, context_rows, fanin_budget, get_selector,
                       select_rows, span_units, sentence_groups, unit_row_scores)
 from .base import SENDER_PROMPT, Outcome, Protocol, register
 from .cacheback import SPAN_MODES
@@ -59,6 +59,7 @@ class Retrieval(Protocol):
     span_mode: str = "sentence"  # the units ranked: "sentence" (sentences and lines) or "fixed" (spans of `span`)
     span: int = SPAN
     unit_floor: bool = True  # as CacheBack's: a budget below every sentence sends the best sentence whole
+    context: str = "none"  # as CacheBack's: "lead" or "previous" sentence of the paragraph taken along
 
     def __post_init__(self):
         super().__post_init__()
@@ -74,6 +75,10 @@ class Retrieval(Protocol):
             text = [n for n in SELECTORS.names() if issubclass(SELECTORS[n], TextSelector)]
             raise ConfigError(f"retrieval needs a text selector (one that reads no KV state): {', '.join(text)}; "
                               f"{self.selector!r} scores states: use cacheback(selector={self.selector!r})")
+        if self.context not in CONTEXTS:
+            raise UnknownNameError("context", self.context, CONTEXTS)
+        if self.context != "none" and self.span_mode != "sentence":
+            raise ValueError(f"context {self.context!r} takes along whole sentences: it needs span_mode 'sentence'")
         self._selector = get_selector(self.selector, **self.selector_params)
 
     def pick(self, sender: Agent, document: str, question: str) -> Picked:
@@ -87,7 +92,8 @@ class Retrieval(Protocol):
         units = span_units(keep, eligible, self.span, groups)
         scores = unit_row_scores(self._selector, question, per_row, document, len(per_row), units, HOST)
         budget = fanin_budget(len(per_row), self.ratio)
-        rows = select_rows(scores, budget, keep, self.span, eligible, groups, self.unit_floor)
+        ctx = context_rows(groups, per_row, document, self.context) if groups and self.context != "none" else None
+        rows = select_rows(scores, budget, keep, self.span, eligible, groups, self.unit_floor, ctx)
         kept = kept_document_spans(per_row, rows)
         text = "\n".join(document[a:b].strip() for a, b in merge_spans(kept))
         return Picked(text, kept, time.perf_counter() - t0, budget, len(kept))

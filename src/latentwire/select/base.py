@@ -6,7 +6,9 @@ selector goes through the same `select_rows`, so comparisons differ only in the 
 """
 from __future__ import annotations
 
+import bisect
 import math
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
@@ -127,7 +129,7 @@ def always_kept(state: KVState) -> torch.Tensor:
 
 def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int = SPAN,
                 eligible: torch.Tensor | None = None, groups: list[list[int]] | None = None,
-                unit_floor: bool = False) -> torch.Tensor:
+                unit_floor: bool = False, context: list[list[int]] | None = None) -> torch.Tensor:
     """Row indices to send: the always-kept rows plus whole spans, best mean score first, within `budget`.
 
     The eligible rows that are not always kept (by default all of them; a protocol passes the rows of
@@ -141,11 +143,18 @@ def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int
     documents) that is also smaller than the best-ranked group sends that group whole and nothing else: the
     best sentence arrives whole, not cut to a piece or displaced by short lesser ones, and the message
     exceeds the budget by less than one group. Budgets of a span or more are unchanged. Deterministic.
+
+    `context` (with `groups`, one list per group, e.g. `context_rows`): rows each group takes along when it is
+    sent (the sentence that names who "he" is), spending budget but not scored (`_select_with_context`).
     """
     if scores.shape != keep.shape or (eligible is not None and eligible.shape != keep.shape):
         raise ValueError(f"{tuple(scores.shape)} scores for {tuple(keep.shape)} rows")
     if budget < 0 or span < 1:
         raise ValueError(f"budget must be ≥ 0 and span ≥ 1, got {budget}, {span}")
+    if context is not None:
+        if groups is None or len(context) != len(groups):
+            raise ValueError("context needs groups, one context list per group")
+        return _select_with_context(scores, budget, keep, span, eligible, groups, unit_floor, context)
     spans, order = ranked_units(scores, keep, span, eligible, groups)
     chosen, used, rest = [], 0, []
     if unit_floor and groups is not None and order and 0 < budget < min(span, len(spans[order[0]])):
@@ -166,6 +175,50 @@ def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int
         chosen.append(rows_[start:start + left])
     rows = torch.cat([torch.nonzero(keep).flatten(), *chosen]) if chosen else torch.nonzero(keep).flatten()
     return torch.sort(rows).values
+
+
+def _select_with_context(scores, budget, keep, span, eligible, groups, unit_floor, context) -> torch.Tensor:
+    """`select_rows` where each group travels with its context rows: groups are ranked by their own rows' mean score
+    (ties: the earlier group) and added, with their context, while the rows not yet chosen fit in the budget (a
+    context row shared by two chosen groups is paid once); no unit is cut. If the best group does not fit with its
+    context, the plain selection (no context) is sent instead: the best sentence alone rather than lesser ones with
+    theirs, and the message never exceeds `select_rows`' bound."""
+    candidate = set(candidate_rows(keep, eligible).tolist())
+    units = [(g, [r for r in c if r in candidate]) for g, c in
+             (([r for r in group if r in candidate], ctx) for group, ctx in zip(groups, context)) if g]
+    means = [float(scores[g].double().mean()) for g, _ in units]
+    order = sorted(range(len(units)), key=lambda i: (-means[i], i))
+    if not order or len(set(units[order[0]][0]) | set(units[order[0]][1])) > budget:
+        return select_rows(scores, budget, keep, span, eligible, groups, unit_floor)
+    chosen: set[int] = set()
+    for i in order:
+        new = set(units[i][0]) | set(units[i][1])
+        if len(chosen | new) <= budget:
+            chosen |= new
+    extra = torch.tensor(sorted(chosen), dtype=torch.int64, device=scores.device)
+    return torch.sort(torch.cat([torch.nonzero(keep).flatten(), extra])).values
+
+
+def context_rows(groups: list[list[int]], per_row: list, document: str, kind: str) -> list[list[int]]:
+    """Per group (`sentence_groups`), the rows it takes along: "lead" = the first group of its paragraph (text between
+    blank lines: where a paragraph names its subject), "previous" = the group just before it in the same paragraph,
+    "none" = nothing. A paragraph's first sentence takes nothing; groups of newlines alone neither take nor give."""
+    if kind not in CONTEXTS:
+        raise ValueError(f"context must be one of {CONTEXTS}, got {kind!r}")
+    breaks = [m.end() for m in re.finditer(r"\n[ \t]*\n", document)]  # paragraph starts (after each blank line)
+    para = [bisect.bisect_right(breaks, per_row[g[0]][0]) for g in groups]  # paragraph index of each group
+    text = [any(document[per_row[r][0]:per_row[r][1]].strip() for r in g) for g in groups]  # not newlines alone
+    out = []
+    for i in range(len(groups)):
+        before = [j for j in range(i) if para[j] == para[i] and text[j]]  # earlier sentences of its paragraph
+        if kind == "none" or not before or not text[i]:
+            out.append([])
+        else:
+            out.append(list(groups[before[0] if kind == "lead" else before[-1]]))
+    return out
+
+
+CONTEXTS = ("none", "lead", "previous")
 
 
 def ranked_units(scores: torch.Tensor, keep: torch.Tensor, span: int = SPAN, eligible: torch.Tensor | None = None,
