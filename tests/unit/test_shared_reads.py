@@ -203,3 +203,33 @@ def test_held_reads_stay_within_their_bound_least_recently_used_first(agent_for)
         assert read(agent, DOC + " More words here.", 1, "rescale").held  # the recent one is kept
     with pytest.raises(ValueError, match="max_bytes"):
         HeldReads(max_bytes=-1)
+
+
+def test_question_time_tteoa_leaves_out_the_reads_a_holding_agent_has_done(agent_for):
+    """Records carry both timings: cold TTEOA (reads included) and question-time TTEOA (each sender's seconds without
+    its query-blind read). A read held from an earlier question is charged 0 s, so then the two agree."""
+    from latentwire.protocols.base import Outcome
+
+    out = Outcome("x", "a", 0, 0, (3.0, 5.0), 1.0, read_seconds=(2.5, 1.0))
+    assert out.tteoa == 6.0 and out.question_tteoa == pytest.approx(5.0)  # max(0.5, 4.0) + 1
+    assert Outcome("x", "a", 0, 0, (3.0,), 1.0).question_tteoa is None  # reads not separable
+    assert Outcome("x", "a", 0, 0, (), 2.0, read_seconds=()).question_tteoa == 2.0
+
+    agent = agent_for("llama")
+    docs, question = ["Ada led Orion in Lisbon.", "Bo led Vega in Oslo."], "Where did Ada lead Orion?"
+    cb = get_protocol("cacheback", ratio=2, latent_steps=2)
+    held = HeldReads()
+    with shared_reads(held):
+        cold = cb.run([agent] * 2, docs, agent, question)
+    with shared_reads(held):
+        warm = cb.run([agent] * 2, docs, agent, "Where did Bo lead Vega?")
+    assert cold.read_seconds == tuple(t["read_s"] for t in cold.details["senders"]) and min(cold.read_seconds) > 0
+    assert cold.question_tteoa < cold.tteoa
+    assert warm.read_seconds == (0.0, 0.0) and warm.question_tteoa == pytest.approx(warm.tteoa)
+    assert get_protocol("cacheback", ratio=2, latent_steps=1, query_aware=True).run(
+        [agent] * 2, docs, agent, question).question_tteoa is None  # it read the question with its document
+    assert get_protocol("text", max_report_tokens=4).run([agent] * 2, docs, agent, question).question_tteoa is None
+    full = get_protocol("fullkv", latent_steps=1).run([agent] * 2, docs, agent, question)
+    assert full.question_tteoa == pytest.approx(full.receiver_seconds)  # the held states are the message
+    ret = get_protocol("retrieval", selector="lexical", ratio=2).run([agent] * 2, docs, agent, question)
+    assert ret.question_tteoa == pytest.approx(ret.tteoa)  # no read: every second follows the question

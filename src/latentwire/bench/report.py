@@ -54,6 +54,8 @@ def summarize(records: list[dict], order: list[str]) -> dict[str, dict]:
             row[key] = bootstrap_ci(vals) if vals else None
         ok = [r["tteoa"] for r in rs if r.get("tteoa") is not None]
         row["tteoa_median"] = statistics.median(ok) if ok else None
+        q = [r["tteoa_question"] for r in rs if r.get("tteoa_question") is not None]
+        row["tteoa_question_median"] = statistics.median(q) if q else None
         ratios = [r["compression_ratio"] for r in rs if r.get("compression_ratio")]
         row["ratio"] = statistics.median(ratios) if ratios else None
         out[label] = row
@@ -229,12 +231,20 @@ def _header_lines(config: dict) -> list[str]:
 
 def _summary_lines(summary: dict[str, dict]) -> list[str]:
     """The per-protocol table (header, then one row per protocol of `summarize`)."""
-    lines = ["| protocol | n | errors | " + " | ".join(h for _, h, _ in COLUMNS) + " | median TTEOA s |",
-             "|---|---:|---:|" + "---:|" * (len(COLUMNS) + 1)]
+    held = any(row.get("tteoa_question_median") is not None for row in summary.values())
+    extra = " median question-time TTEOA s |" if held else ""
+    lines = ["| protocol | n | errors | " + " | ".join(h for _, h, _ in COLUMNS) + " | median TTEOA s |" + extra,
+             "|---|---:|---:|" + "---:|" * (len(COLUMNS) + 1 + held)]
     for label, row in summary.items():
         cells = " | ".join(_cell(row[k], fmt) for k, _, fmt in COLUMNS)
         med = "—" if row["tteoa_median"] is None else f"{row['tteoa_median']:.2f}"
-        lines.append(f"| `{label}` | {row['n']} | {row['errors']} | {cells} | {med} |")
+        q = row.get("tteoa_question_median")
+        tail = (" — |" if q is None else f" {q:.2f} |") if held else ""
+        lines.append(f"| `{label}` | {row['n']} | {row['errors']} | {cells} | {med} |{tail}")
+    if held:
+        lines += ["", "Question-time TTEOA: from the question's arrival for agents that already hold their documents "
+                  "(each sender's seconds without its query-blind read: prefill and latent steps); — where the "
+                  "protocol reads its documents with the question (text reports, query-aware reads)."]
     return lines
 
 

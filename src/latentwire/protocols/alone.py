@@ -16,4 +16,4 @@ class Alone(Protocol):
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
         reply = receiver.answer(question, max_new_tokens=self.max_new_tokens)
-        return Outcome(self.name, reply.text, 0, reply.context, (), reply.seconds)
+        return Outcome(self.name, reply.text, 0, reply.context, (), reply.seconds, read_seconds=())

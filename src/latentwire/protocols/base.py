@@ -30,11 +30,24 @@ class Outcome:
     # Per sender, the character spans of its document whose positions the message carries (evidence
     # recall and compression ratio derive from them); None where it does not apply (text).
     kept_spans: tuple[tuple[tuple[int, int], ...], ...] | None = None
+    # Per sender, the part of its seconds spent reading its document before any question (a query-blind prefill +
+    # latent steps): what an agent that already holds its document has done. () for no senders; None where the
+    # protocol's senders read their documents with the question (text reports, query-aware reads).
+    read_seconds: tuple[float, ...] | None = None
 
     @property
     def tteoa(self) -> float:
-        """Time to end of answer with senders running in parallel: slowest sender, then the receiver."""
+        """Time to end of answer with senders running in parallel: slowest sender, then the receiver (cold: every
+        sender's read included)."""
         return max(self.sender_seconds, default=0.0) + self.receiver_seconds
+
+    @property
+    def question_tteoa(self) -> float | None:
+        """TTEOA from the question's arrival, for agents that already hold their read documents: each sender's
+        seconds without its read, slowest first, then the receiver. None where reads are not separable."""
+        if self.read_seconds is None:
+            return None
+        return max((s - r for s, r in zip(self.sender_seconds, self.read_seconds)), default=0.0) + self.receiver_seconds
 
 
 @dataclass

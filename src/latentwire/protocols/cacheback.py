@@ -305,7 +305,11 @@ class CacheBack(Protocol):
                        "token_id_bytes": message.token_id_nbytes}
         reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
         return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds + place_s,
-                       {"senders": timing} | details, kept_spans=tuple(kept))
+                       {"senders": timing} | details, kept_spans=tuple(kept), read_seconds=self.reads_of(timing))
+
+    def reads_of(self, timing: list[dict]) -> tuple[float, ...] | None:
+        """Each sender's read seconds (`Outcome.read_seconds`): None when it read the question too (query-aware)."""
+        return None if self.query_aware else tuple(t["read_s"] for t in timing)
 
     def receive(self, receiver: Agent, question: str, parts: Sequence) -> Rows | KVState:
         """The receiver's input from the senders' messages (in sender order): their rows, concatenated; for "kv",

@@ -245,7 +245,7 @@ class CacheBackX(CacheBack):
             details |= {"text_rows": len(message) - n_lat, "latent_rows": n_lat, "text_bytes": text_bytes,
                         "latent_bytes": nbytes - text_bytes}
         return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds + build_s, details,
-                       kept_spans=kept)
+                       kept_spans=kept, read_seconds=self.reads_of(timing))
 
 
 def sent_spans(per_row: list, rows: torch.Tensor) -> tuple[tuple[int, int], ...]:

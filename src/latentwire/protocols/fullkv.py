@@ -65,4 +65,5 @@ class FullKV(Protocol):
         kept = tuple(((0, len(d)),) for d in documents)  # every position travels
         return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds + concat_s,
                        {"message_rows": len(message), "latent_steps": self.latent_steps,
-                        "shared_reads": sum(r.shared for r in reads)}, kept)
+                        "shared_reads": sum(r.shared for r in reads)}, kept,
+                       None if self.query_aware else tuple(seconds))  # a held state is the whole message

@@ -105,4 +105,5 @@ class Retrieval(Protocol):
         return Outcome(self.name, reply.text, len(message.encode()), reply.context,
                        tuple(p.seconds for p in picked), reply.seconds,
                        {"pieces": [p.text for p in picked], "budgets": [p.budget for p in picked],
-                        "kept_tokens": [p.tokens for p in picked]}, kept_spans=tuple(p.kept for p in picked))
+                        "kept_tokens": [p.tokens for p in picked]}, kept_spans=tuple(p.kept for p in picked),
+                       read_seconds=tuple(0.0 for _ in picked))  # no read: all of its work follows the question
