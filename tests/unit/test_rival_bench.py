@@ -27,7 +27,7 @@ def test_a_cell_runs_resumes_and_reports(tmp_path, monkeypatch, models, tokenize
     records = [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
     assert sorted(r["protocol"] for r in records) == sorted(rival.PROTOCOLS)
     recall = json.loads((folder / "recall.jsonl").read_text())["recall"]
-    want = {f"{s}/{m}/{r}" for s in (*rival.RECALL_SELECTORS, *(f"{a}⊕{b}" for a, b in rival.FUSED))
+    want = {f"{s}/{m}/{r}" for s in (*rival.RECALL_SELECTORS, rival.CONTRASTIVE, *(f"{a}⊕{b}" for a, b in rival.FUSED))
             for m in rival.MODES for r in rival.RECALL_RATIOS}
     assert set(recall) == want and all(0.0 <= v <= 1.0 for v in recall.values())
     rival.run_cell(agent, folder, episodes, "qwen2")  # resuming adds nothing

@@ -369,3 +369,21 @@ def test_facts_episodes_refuse_more_hops_than_senders():
 
     with pytest.raises(ValueError, match="2-hop"):
         episodes(0, 1, 200, 1, hops=2)
+
+
+def test_follow_up_groups_ask_several_questions_over_the_same_documents():
+    from latentwire.bench.tasks import facts
+
+    groups = facts.follow_up_episodes(5, 6, tokens=300)
+    assert groups == facts.follow_up_episodes(5, 6, tokens=300)  # deterministic
+    firsts = facts.episodes(5, 6, tokens=300, senders=3, hops=1)
+    assert [g[0] for g in groups] == firsts  # the first question of a group is the plain one-hop episode
+    for g in groups:
+        assert len(g) == 3 and len({e.contexts for e in g}) == 1  # one world, three questions
+        assert sorted(e.meta["qtype"] for e in g) == ["budget", "city", "leader"]
+        assert [e.id for e in g[1:]] == [f"{g[0].id}-f1", f"{g[0].id}-f2"]
+        assert all(e.meta["follow_up_of"] == g[0].id for e in g[1:])
+        for e in g:
+            (span,) = e.evidence
+            text = e.contexts[span.agent][span.start:span.end]
+            assert any(a in text for a in e.answers), (e.question, text)  # the evidence states the answer

@@ -151,8 +151,15 @@ def _document(rng: random.Random, facts: list[tuple[str, bool]], target_chars: i
     return text, spans
 
 
+NEED = {"city": ("based",), "leader": ("leads",), "budget": ("budget",), "city_of_leader": ("leads", "based"),
+        "budget_of_leader": ("leads", "budget"), "leader_of_city": ("based", "leads")}
+
+
 def _episode(rng: random.Random, idx: int, qtype_hops: tuple[str, int], bucket: int, senders: int = SENDERS,
-             topology: str = "fanin") -> Episode:
+             topology: str = "fanin", follow_ups: tuple[str, ...] = ()) -> Episode | list[Episode]:
+    """One episode of `qtype_hops`' question; with `follow_ups` (question types), the list of that episode and one
+    more per follow-up: the same contexts (the same world), asked about the same target project. Drawing from
+    `rng` does not depend on `follow_ups`, so the first episode is the same either way."""
     qtype, hops = qtype_hops
     if senders < hops:
         raise ValueError(f"a {hops}-hop question needs ≥ {hops} senders, got {senders}")
@@ -171,8 +178,7 @@ def _episode(rng: random.Random, idx: int, qtype_hops: tuple[str, int], bucket: 
         facts.append(("budget", i, rng.choice(BUDGET).format(project=projects[i], amount=amounts[i])))
     # Drop some facts about other projects (the world is not complete), keep every fact about the target (0).
     facts = [f for f in facts if f[1] == 0 or rng.random() < 0.8]
-    need = {"city": ["based"], "leader": ["leads"], "budget": ["budget"], "city_of_leader": ["leads", "based"],
-            "budget_of_leader": ["leads", "budget"], "leader_of_city": ["based", "leads"]}[qtype]
+    need = NEED[qtype]
     gold_agents = rng.sample(range(senders), len(need))  # distinct senders for the two hops
     placement = {}
     for j, f in enumerate(facts):
@@ -181,26 +187,41 @@ def _episode(rng: random.Random, idx: int, qtype_hops: tuple[str, int], bucket: 
         else:
             placement[j] = rng.randrange(senders)
     contexts, gold_spans, approx = [], {}, []
-    for a in range(senders):
-        mine = [(f[2], f[1] == 0 and f[0] in need) for j, f in enumerate(facts) if placement[j] == a]
+    for a in range(senders):  # every target fact's span is kept (flagging spends no randomness): follow-ups use them
+        mine = [(f[2], f[1] == 0) for j, f in enumerate(facts) if placement[j] == a]
         text, spans = _document(rng, mine, int(bucket * CHARS_PER_TOKEN * rng.uniform(0.95, 1.03)))
         for st, en in spans:
             gold_spans[text[st:en]] = Span(a, st, en)
         contexts.append(text)
         approx.append(round(len(text) / CHARS_PER_TOKEN))
     gold_sentence = {f[0]: f[2] for f in facts if f[1] == 0}
-    evidence = tuple(gold_spans[gold_sentence[r]] for r in need)
-    question = QUESTIONS[qtype].format(project=projects[0], person=people[0], city=cities[0])
+    world = {"contexts": tuple(contexts), "gold": {r: gold_spans[gold_sentence[r]] for r in gold_sentence},
+             "project": projects[0], "person": people[0], "city": cities[0], "amount": amounts[0], "k": k,
+             "approx": approx, "bucket": bucket, "topology": topology}
+    first = _ask(world, f"facts-{idx:04d}", qtype, hops)
+    if not follow_ups:
+        return first
+    return [first] + [_ask(world, f"facts-{idx:04d}-f{j + 1}", q, dict(QTYPES)[q], group=f"facts-{idx:04d}")
+                      for j, q in enumerate(follow_ups)]
+
+
+def _ask(world: dict, eid: str, qtype: str, hops: int, group: str | None = None) -> Episode:
+    """The episode asking `qtype` about the world's target project (its evidence: the needed facts' spans)."""
+    evidence = tuple(world["gold"][r] for r in NEED[qtype])
+    question = QUESTIONS[qtype].format(project=world["project"], person=world["person"], city=world["city"])
     answer_kind = {"city": "city", "leader": "person", "budget": "budget", "city_of_leader": "city",
                    "budget_of_leader": "budget", "leader_of_city": "person"}[qtype]
-    amount = amounts[0]
-    answers = {"city": [cities[0]], "person": [people[0]],
+    amount = world["amount"]
+    answers = {"city": [world["city"]], "person": [world["person"]],
                "budget": [f"{amount} million euros", f"{amount} million", f"€{amount} million",
                           f"EUR {amount} million"]}[answer_kind]
-    meta = {"hops": hops, "qtype": qtype, "length_bucket": bucket, "approx_tokens": approx,
-            "bridge": projects[0] if hops == 2 else None, "n_projects": k,
+    contexts = world["contexts"]
+    meta = {"hops": hops, "qtype": qtype, "length_bucket": world["bucket"], "approx_tokens": world["approx"],
+            "bridge": world["project"] if hops == 2 else None, "n_projects": world["k"],
             "evidence_depth": [round(s.start / len(contexts[s.agent]), 3) for s in evidence]}
-    return Episode(f"facts-{idx:04d}", "facts", topology, question, answers, tuple(contexts), evidence, meta)
+    if group is not None:
+        meta["follow_up_of"] = group
+    return Episode(eid, "facts", world["topology"], question, answers, contexts, evidence, meta)
 
 
 def episodes(seed: int, n: int, tokens: int, senders: int, hops: int | None = None,
@@ -217,3 +238,18 @@ def generate(seed: int, n: int = 120) -> list[Episode]:
     rng = random.Random(seed)
     schedule = [(q, b) for b, c in zip(BUCKETS, PER_QTYPE) for _ in range(c) for q in QTYPES]
     return [_episode(rng, i, *schedule[i % len(schedule)]) for i in range(n)]
+
+
+def follow_up_episodes(seed: int, n: int, tokens: int, senders: int = SENDERS,
+                       questions: tuple[str, ...] = ("city", "leader", "budget")) -> list[list[Episode]]:
+    """`n` groups of episodes over the same documents (agents that hold their documents and answer several
+    questions): group i asks `questions` in order about one world's target project, the first question
+    cycling the one-hop types as `episodes` does. Pure in `seed`."""
+    rng = random.Random(seed)
+    one_hop = [q for q in QTYPES if q[1] == 1]
+    groups = []
+    for i in range(n):
+        first = one_hop[i % len(one_hop)]
+        rest = tuple(q for q in questions if q != first[0])
+        groups.append(_episode(rng, i, first, tokens, senders, follow_ups=rest))
+    return groups

@@ -1,0 +1,156 @@
+"""Agents that already hold their documents: question-time and cold TTEOA, first questions and follow-ups.
+
+    python benchmarks/stored_states.py [--cells facts1_500,facts1_2000,facts1_4000] [--n 100] [--n-4000 40]
+                                       [--model qwen2.5-coder-0.5b] [--out docs/results/stored_states] [--report-only]
+
+A cell is a document length: `--n` groups of one-hop `facts` fan-in episodes (3 senders of ~T tokens), each
+group three questions over the same documents (`facts.follow_up_episodes`: city, leader and budget of one
+target project). Inside a group one `HeldReads` keeps every sender's read across the questions: the first
+question reads cold, the follow-ups find their reads held (charged 0 s). Every record carries both timings:
+`tteoa` (as the protocol ran: cold for a first question) and `tteoa_question` (each sender's seconds without its
+query-blind read: what an agent that holds its document pays once the question arrives; None for text
+reports, whose senders read the document with the question). Resumable per (episode, protocol).
+
+Output per cell: `records.jsonl`, `config.json`, `report.md` (the bench report, with the question-time column)
+and `README.md` over the cells: per protocol, accuracy [95% CI] and median question-time / cold TTEOA, on first
+questions and on follow-ups, and the paired verdicts against text reports.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from latent_vs_text import commands, ensure_episodes, log_command  # noqa: E402
+
+from latentwire.agent import Agent  # noqa: E402
+from latentwire.bench.metrics import bootstrap_ci  # noqa: E402
+from latentwire.bench.report import compare, read_run, verdict, with_holm, write_report  # noqa: E402
+from latentwire.bench.report import VERDICT_HEADER  # noqa: E402
+from latentwire.bench.runner import (RunConfig, check_resume, drop_cut_lines, finished, run_episode,  # noqa: E402
+                                     write_config)
+from latentwire.bench.tasks import facts  # noqa: E402
+from latentwire.protocols import get_protocol  # noqa: E402
+from latentwire.protocols.reads import HeldReads, shared_reads  # noqa: E402
+
+OUT = Path(__file__).resolve().parents[1] / "docs" / "results" / "stored_states"
+CELLS = ("facts1_500", "facts1_2000", "facts1_4000")
+TEXT, BM25, FULLKV, FULLCTX = "text", "retrieval(selector='bm25')", "fullkv(latent_steps=8)", "fullcontext"
+CB8, CB8KV, CB8M = "cacheback(ratio=8)", "cacheback(ratio=8, encoding='kv')", "cacheback(ratio=8, mass=0.9)"
+PROTOCOLS = [TEXT, BM25, CB8, CB8KV, CB8M, FULLKV, FULLCTX]
+FAMILY = [(CB8, TEXT), (CB8KV, TEXT), (CB8M, TEXT), (CB8KV, CB8), (CB8M, CB8), (BM25, TEXT), (CB8, FULLCTX)]
+
+
+def groups_for(cell: str, n: int, seed: int) -> list[list]:
+    """The cell's question groups: a pure function of (cell, n, seed)."""
+    return facts.follow_up_episodes(seed, n, tokens=int(cell.split("_")[1]))
+
+
+def run_cell(agent: Agent, folder: Path, groups: list[list], model: str, protocols: list[str]) -> None:
+    """Every group's questions in order, one HeldReads per group; records as the bench runner writes them."""
+    config = RunConfig(os.path.relpath(folder / "episodes.jsonl"), ",".join(protocols), model)
+    resolved = config.resolved(agent)
+    cfg_path, rec_path = folder / "config.json", folder / "records.jsonl"
+    first = check_resume(cfg_path, resolved, ("task", "model", "n", "seed", "filters", "device", "dtype"))
+    built = {label: get_protocol(spec["name"], **spec["params"]) for label, spec in resolved["protocols"].items()}
+    drop_cut_lines(rec_path)
+    done = finished(rec_path, "episode")
+    run_id = write_config(cfg_path, first, resolved, {"episodes": [e.id for g in groups for e in g]})["run"]
+    with rec_path.open("a", encoding="utf-8") as f:
+        for i, group in enumerate(groups):
+            held = HeldReads()
+            for turn, ep in enumerate(group):
+                with shared_reads(held):
+                    for label, protocol in built.items():
+                        if (ep.id, label) not in done:
+                            rec = run_episode(protocol, label, ep, agent) | {"turn": turn, "run": run_id}
+                            f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                            f.flush()
+            held.release()
+            print(f"  {folder.name}: group {i + 1}/{len(groups)}", flush=True)
+
+
+def cell_rows(folder: Path) -> tuple[list[str], list[dict]]:
+    """Index rows: per protocol and turn kind (first question, follow-up), accuracy [CI] and median TTEOAs."""
+    config, records = read_run(folder)
+    lines = []
+    for label in config["config"]["protocols"]:
+        for kind, turns in (("first", (0,)), ("follow-up", (1, 2))):
+            rs = [r for r in records if r["protocol"] == label and r.get("turn", 0) in turns]
+            if not rs:
+                continue
+            acc = "{:.2f} [{:.2f}, {:.2f}]".format(*bootstrap_ci([r["accuracy"] for r in rs]))
+            q = [r["tteoa_question"] for r in rs if r.get("tteoa_question") is not None]
+            c = [r["tteoa"] for r in rs if r.get("tteoa") is not None]
+            med = lambda xs: f"{statistics.median(xs):.2f}" if xs else "—"  # noqa: E731
+            lines.append(f"| {folder.name} | `{label}` | {kind} | {len(rs)} | {acc} | {med(q)} | {med(c)} |")
+    comps = with_holm([c for a, b in FAMILY if (c := compare(records, a, b))])
+    return lines, comps
+
+
+def write_index(out: Path) -> None:
+    lines = ["# Agents that already hold their documents", "",
+             "One-hop `facts` fan-in (3 senders), Qwen2.5-Coder, three questions per set of documents. Question-time "
+             "TTEOA leaves out each sender's query-blind read (prefill + latent steps), which a holding agent has "
+             "done before the question; cold TTEOA includes it (follow-ups find their reads held, so for them the "
+             "two agree). Text reports have no question-time figure: their senders read the document with the "
+             "question (the prefix a holding agent could reuse is not reused yet).", "",
+             "| cell | protocol | questions | n | accuracy [95% CI] | median question-time TTEOA s | "
+             "median TTEOA s |", "|---|---|---|---:|---|---:|---:|"]
+    details = []
+    for cell in CELLS:
+        folder = out / cell
+        if not (folder / "records.jsonl").exists():
+            continue
+        rows, comps = cell_rows(folder)
+        lines += rows
+        details += ["", f"## {cell}", "", VERDICT_HEADER[0], VERDICT_HEADER[1]] + [verdict(c) for c in comps]
+        details += ["", "Commands: `" + "`, then `".join(commands(folder)) + "`"]
+    (out / "README.md").write_text("\n".join(lines + details) + "\n")
+    print("\n".join(lines))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--cells", default=",".join(CELLS))
+    ap.add_argument("--n", type=int, default=100, help="question groups per cell (three questions each)")
+    ap.add_argument("--n-4000", type=int, default=40, help="groups at ~4,000 tokens per sender")
+    ap.add_argument("--seed", type=int, default=2027)
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma-separated specs")
+    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--report-only", action="store_true")
+    args = ap.parse_args()
+    cells = args.cells.split(",")
+    if unknown := sorted(set(cells) - set(CELLS)):
+        sys.exit(f"unknown cells {unknown}; valid: {', '.join(CELLS)}")
+    cmd = " ".join(["python benchmarks/stored_states.py"] + sys.argv[1:])
+    agent = None
+    for cell in cells:
+        folder = args.out / cell
+        if not args.report_only:
+            folder.mkdir(parents=True, exist_ok=True)
+            groups = groups_for(cell, args.n_4000 if cell.endswith("4000") else args.n, args.seed)
+            ensure_episodes(folder / "episodes.jsonl", [e for g in groups for e in g])
+            log_command(folder, cmd)
+            agent = agent or Agent.from_pretrained(args.model, dtype=args.dtype)
+            run_cell(agent, folder, groups, args.model, _split(args.protocols))
+        if (folder / "records.jsonl").exists():
+            write_report(folder, FAMILY)
+    write_index(args.out)
+
+
+def _split(specs: str) -> list[str]:
+    """Protocol specs split at top-level commas (a spec's parameters may hold commas)."""
+    from latentwire.bench.runner import parse_protocols
+
+    return list(parse_protocols(specs))
+
+
+if __name__ == "__main__":
+    main()
