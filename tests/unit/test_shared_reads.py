@@ -233,3 +233,21 @@ def test_question_time_tteoa_leaves_out_the_reads_a_holding_agent_has_done(agent
     assert full.question_tteoa == pytest.approx(full.receiver_seconds)  # the held states are the message
     ret = get_protocol("retrieval", selector="lexical", ratio=2).run([agent] * 2, docs, agent, question)
     assert ret.question_tteoa == pytest.approx(ret.tteoa)  # no read: every second follows the question
+
+
+def test_time_to_first_token_leaves_out_the_rest_of_the_answer(agent_for):
+    """TTFT = TTEOA − the receiver's decode after its first token: it compares protocols whose answers differ in
+    length (a one-word translator reply against a sentence)."""
+    from latentwire.protocols.base import Outcome, after_first
+
+    assert Outcome("x", "a", 0, 0, (2.0,), 1.5, after_first=1.0).ttft == pytest.approx(2.5)
+    assert Outcome("x", "a", 0, 0, (2.0,), 1.5).ttft is None
+    agent = agent_for("llama")
+    docs, question = ["Ada led Orion in Lisbon.", "Bo led Vega in Oslo."], "Where did Ada lead Orion?"
+    for name, params in (("alone", {}), ("text", {"max_report_tokens": 4}), ("cacheback", {"latent_steps": 1}),
+                         ("fullkv", {"latent_steps": 1}), ("fullcontext", {}), ("retrieval", {"selector": "lexical"})):
+        out = get_protocol(name, max_new_tokens=6, **params).run([agent] * 2, docs, agent, question)
+        assert out.after_first is not None and 0 <= out.after_first <= out.receiver_seconds
+        assert out.ttft == pytest.approx(out.tteoa - out.after_first)
+    reply = agent.answer(question, max_new_tokens=5)
+    assert after_first(reply) == pytest.approx(reply.decode_seconds - reply.token_seconds[0])

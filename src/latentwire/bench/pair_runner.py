@@ -76,14 +76,15 @@ def run_pair(protocol: PairProtocol, label: str, pair: Pair, sharer: Agent, rece
         out = protocol.run(sharer, receiver, pair.sharer_doc, pair.receiver_doc, pair.question)
         rec = base | _scored(out, pair)
     except LatentWireError as e:
-        rec = base | {"answer": "", **answer_scores("", list(pair.answers)), "tteoa": None, "sender_seconds": [],
+        rec = base | {"answer": "", **answer_scores("", list(pair.answers)), "tteoa": None, "ttft": None,
+                      "sender_seconds": [],
                       "receiver_seconds": None, "message_bytes": None, "receiver_context": None, "details": {},
                       "error": f"{type(e).__name__}: {e}"}
     return rec | _memory()
 
 
 def _scored(out: Outcome, pair: Pair) -> dict:
-    return {"answer": out.answer, **answer_scores(out.answer, list(pair.answers)), "tteoa": out.tteoa,
+    return {"answer": out.answer, **answer_scores(out.answer, list(pair.answers)), "tteoa": out.tteoa, "ttft": out.ttft,
             "sender_seconds": list(out.sender_seconds), "receiver_seconds": out.receiver_seconds,
             "message_bytes": out.message_bytes, "receiver_context": out.receiver_context, "details": out.details,
             "error": None}

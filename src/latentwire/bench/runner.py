@@ -171,8 +171,8 @@ def score(ep: Episode, label: str, out: Outcome, tokenizer) -> dict:
     rec = {"episode": ep.id, "protocol": label, "answer": out.answer, **answer_scores(out.answer, ep.answers),
            "message_bytes": out.message_bytes, "receiver_context": out.receiver_context,
            "sender_seconds": list(out.sender_seconds), "receiver_seconds": out.receiver_seconds,
-           "tteoa": out.tteoa, "tteoa_question": out.question_tteoa, "evidence_recall": None, "compression_ratio": None, "error": None, "meta": ep.meta,
-           "details": out.details}
+           "tteoa": out.tteoa, "tteoa_question": out.question_tteoa, "ttft": out.ttft, "evidence_recall": None,
+           "compression_ratio": None, "error": None, "meta": ep.meta, "details": out.details}
     if out.kept_spans is not None:  # both sides mapped to the tokens of each context alone
         gold, kept, total = [], [], 0
         for agent, (context, keep) in enumerate(zip(ep.contexts, out.kept_spans)):
@@ -327,6 +327,6 @@ def run_episode(protocol: Protocol, label: str, ep: Episode, agent: Agent) -> di
     except LatentWireError as e:
         rec = {"episode": ep.id, "protocol": label, "answer": "", **answer_scores("", ep.answers),
                "message_bytes": None, "receiver_context": None, "sender_seconds": [], "receiver_seconds": None,
-               "tteoa": None, "tteoa_question": None, "evidence_recall": None, "compression_ratio": None,
+               "tteoa": None, "tteoa_question": None, "ttft": None, "evidence_recall": None, "compression_ratio": None,
                "error": f"{type(e).__name__}: {e}", "meta": ep.meta}
     return rec | _memory()

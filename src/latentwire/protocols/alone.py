@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..agent import Agent
-from .base import Outcome, Protocol, register
+from .base import after_first, Outcome, Protocol, register
 
 
 @register
@@ -16,4 +16,5 @@ class Alone(Protocol):
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
         reply = receiver.answer(question, max_new_tokens=self.max_new_tokens)
-        return Outcome(self.name, reply.text, 0, reply.context, (), reply.seconds, read_seconds=())
+        return Outcome(self.name, reply.text, 0, reply.context, (), reply.seconds, read_seconds=(),
+                       after_first=after_first(reply))

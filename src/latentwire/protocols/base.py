@@ -34,12 +34,20 @@ class Outcome:
     # latent steps): what an agent that already holds its document has done. () for no senders; None where the
     # protocol's senders read their documents with the question (text reports, query-aware reads).
     read_seconds: tuple[float, ...] | None = None
+    # Receiver seconds spent decoding after its first answer token was chosen: the answer's length. None = not
+    # recorded. TTEOA − this = time to first token (`ttft`), which compares protocols whose answers differ in length.
+    after_first: float | None = None
 
     @property
     def tteoa(self) -> float:
         """Time to end of answer with senders running in parallel: slowest sender, then the receiver (cold: every
         sender's read included)."""
         return max(self.sender_seconds, default=0.0) + self.receiver_seconds
+
+    @property
+    def ttft(self) -> float | None:
+        """Time to the receiver's first answer token (cold, as `tteoa`): TTEOA without the decode after it."""
+        return None if self.after_first is None else self.tteoa - self.after_first
 
     @property
     def question_tteoa(self) -> float | None:
@@ -87,6 +95,11 @@ def sender_prompt_lengths(senders: Sequence[Agent], prompts: Sequence[str], late
                                        {f"sender {i} ({sender.model_name}) prompt": n, "latent_steps": latent_steps})
         lengths.append(n)
     return lengths
+
+
+def after_first(reply) -> float:
+    """An `Answer`'s decode seconds after its first token was chosen (`Outcome.after_first`)."""
+    return reply.decode_seconds - reply.token_seconds[0] if reply.token_seconds else 0.0
 
 
 def timed(fn, *args, **kw):

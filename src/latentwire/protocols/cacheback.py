@@ -21,7 +21,7 @@ from ..message import Rows
 from ..select import (CONTEXTS, SELECTORS, SPAN, TextSelector, always_kept, context_rows, fanin_budget, mass_budget,
                       fused_row_scores, get_selector, select_rows, span_units, sentence_groups, unit_ranks, unit_row_scores)
 from ..state import KVState
-from .base import QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, sender_prompt_lengths
+from .base import after_first, QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, sender_prompt_lengths
 from .documents import document_rows, kept_document_spans, token_document_spans  # noqa: F401  (re-exported)
 from .reads import Read, read
 
@@ -305,7 +305,8 @@ class CacheBack(Protocol):
                        "token_id_bytes": message.token_id_nbytes}
         reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
         return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds + place_s,
-                       {"senders": timing} | details, kept_spans=tuple(kept), read_seconds=self.reads_of(timing))
+                       {"senders": timing} | details, kept_spans=tuple(kept), read_seconds=self.reads_of(timing),
+                       after_first=after_first(reply))
 
     def reads_of(self, timing: list[dict]) -> tuple[float, ...] | None:
         """Each sender's read seconds (`Outcome.read_seconds`): None when it read the question too (query-aware)."""

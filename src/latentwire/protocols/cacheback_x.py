@@ -61,7 +61,7 @@ from ..state import KVState
 from ..translate import load as load_translator
 from ..translate.base import Translator, cast, read_header
 from ..translate.latent_map import LatentMap
-from .base import Outcome, register
+from .base import after_first, Outcome, register
 from .cacheback import CacheBack, Sent
 
 DELIVERIES = ("spans", "spans+latent", "translated")
@@ -245,7 +245,7 @@ class CacheBackX(CacheBack):
             details |= {"text_rows": len(message) - n_lat, "latent_rows": n_lat, "text_bytes": text_bytes,
                         "latent_bytes": nbytes - text_bytes}
         return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds + build_s, details,
-                       kept_spans=kept, read_seconds=self.reads_of(timing))
+                       kept_spans=kept, read_seconds=self.reads_of(timing), after_first=after_first(reply))
 
 
 def sent_spans(per_row: list, rows: torch.Tensor) -> tuple[tuple[int, int], ...]:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..agent import Agent
-from .base import Outcome, Protocol, register
+from .base import after_first, Outcome, Protocol, register
 
 CONTEXT_PROMPT = "Read these documents.\n\n{documents}\n\nQuestion: {question}\nAnswer briefly."
 
@@ -29,4 +29,4 @@ class FullContext(Protocol):
         reply = receiver.answer(CONTEXT_PROMPT.format(documents=joined, question=question),
                                 max_new_tokens=self.max_new_tokens)
         return Outcome(self.name, reply.text, len(joined.encode()), reply.context, (), reply.seconds,
-                       kept_spans=tuple(((0, len(doc)),) for doc in documents))
+                       kept_spans=tuple(((0, len(doc)),) for doc in documents), after_first=after_first(reply))

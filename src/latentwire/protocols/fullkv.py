@@ -11,7 +11,7 @@ from typing import Sequence
 from ..agent import LATENT_MODES, Agent
 from ..errors import ContextOverflowError, UnknownNameError
 from ..state import KVState
-from .base import QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, sender_prompt_lengths, timed
+from .base import after_first, QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, sender_prompt_lengths, timed
 from .reads import Read, read
 
 
@@ -66,4 +66,5 @@ class FullKV(Protocol):
         return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds + concat_s,
                        {"message_rows": len(message), "latent_steps": self.latent_steps,
                         "shared_reads": sum(r.shared for r in reads)}, kept,
-                       None if self.query_aware else tuple(seconds))  # a held state is the whole message
+                       None if self.query_aware else tuple(seconds),  # a held state is the whole message
+                       after_first=after_first(reply))

@@ -36,7 +36,7 @@ from ..registry import Registry
 from ..translate import load
 from ..translate.base import WEIGHTS, Translator, read_header
 from ..translate.compose import PairStates, compose, needs
-from .base import QUESTION_SUFFIX, SENDER_PROMPT, Outcome, timed
+from .base import after_first, QUESTION_SUFFIX, SENDER_PROMPT, Outcome, timed
 from .text import REPORT_PROMPTS
 
 BOTH_PROMPT = "Read these documents.\n\n{first}\n\n{second}"
@@ -92,7 +92,7 @@ class Alone(PairProtocol):
         state, prefill_s = timed(receiver.prefill, own_prompt(receiver_doc, question))
         reply, answer_s = timed(self._answer, receiver, state, question)
         return Outcome(self.name, reply.text, 0, reply.context, (), prefill_s + answer_s,
-                       {"receiver_prefill_s": prefill_s, "answer_s": answer_s})
+                       {"receiver_prefill_s": prefill_s, "answer_s": answer_s}, after_first=after_first(reply))
 
 
 @register
@@ -115,7 +115,8 @@ class T2T(PairProtocol):
         reply, answer_s = timed(self._answer, receiver, state, question)
         return Outcome(self.name, reply.text, len(notes.text.encode()), reply.context, (sharer_s,),
                        prefill_s + answer_s, {"notes": notes.text, "note_tokens": len(notes.token_ids),
-                                              "receiver_prefill_s": prefill_s, "answer_s": answer_s})
+                                              "receiver_prefill_s": prefill_s, "answer_s": answer_s},
+                       after_first=after_first(reply))
 
 
 @register
@@ -128,7 +129,7 @@ class FullContext(PairProtocol):
         state, prefill_s = timed(receiver.prefill, both_prompt(sharer_doc, receiver_doc, question))
         reply, answer_s = timed(self._answer, receiver, state, question)
         return Outcome(self.name, reply.text, len(sharer_doc.encode()), reply.context, (), prefill_s + answer_s,
-                       {"receiver_prefill_s": prefill_s, "answer_s": answer_s})
+                       {"receiver_prefill_s": prefill_s, "answer_s": answer_s}, after_first=after_first(reply))
 
 
 # (resolved checkpoint folder, weights mtime, device) -> translator
@@ -210,4 +211,4 @@ class Translated(PairProtocol):
                    "sharer_prefill_s": sharer_s, "receiver_prefill_s": receiver_s, "answer_s": answer_s,
                    "sharer_rows": len(sent), "receiver_rows": len(state), **extra}
         return Outcome(self.name, reply.text, len(sent.to_bytes()), reply.context, (sharer_s, receiver_s),
-                       translate_s + answer_s, details)
+                       translate_s + answer_s, details, after_first=after_first(reply))

@@ -21,7 +21,7 @@ from ..errors import ConfigError, UnknownNameError
 from ..placement import HOST
 from ..select import (CONTEXTS, SELECTORS, SPAN, TextSelector, context_rows, fanin_budget, get_selector,
                       select_rows, span_units, sentence_groups, unit_row_scores)
-from .base import SENDER_PROMPT, Outcome, Protocol, register
+from .base import after_first, SENDER_PROMPT, Outcome, Protocol, register
 from .cacheback import SPAN_MODES
 from .documents import kept_document_spans, token_document_spans
 
@@ -106,4 +106,5 @@ class Retrieval(Protocol):
                        tuple(p.seconds for p in picked), reply.seconds,
                        {"pieces": [p.text for p in picked], "budgets": [p.budget for p in picked],
                         "kept_tokens": [p.tokens for p in picked]}, kept_spans=tuple(p.kept for p in picked),
-                       read_seconds=tuple(0.0 for _ in picked))  # no read: all of its work follows the question
+                       read_seconds=tuple(0.0 for _ in picked),  # no read: all of its work follows the question
+                       after_first=after_first(reply))

@@ -17,7 +17,7 @@ from typing import Sequence
 
 from ..agent import Agent
 from ..errors import UnknownNameError
-from .base import SENDER_PROMPT, Outcome, Protocol, register
+from .base import after_first, SENDER_PROMPT, Outcome, Protocol, register
 from .reads import report
 
 REPORT_PROMPTS = {  # what the sender is asked to write
@@ -68,4 +68,4 @@ class Text(Protocol):
         reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
         return Outcome(self.name, reply.text, len(message.encode()), reply.context, tuple(seconds), reply.seconds,
                        {"reports": reports, "report_budgets": budgets, "report_tokens": used,
-                        "shared_reports": shared})
+                        "shared_reports": shared}, after_first=after_first(reply))
