@@ -212,9 +212,10 @@ def winner_row(task: str, comps: list[dict], acc: dict) -> str:
     8× and its calibrated variant against BM25 text), bold only where the Holm-adjusted p is ≤ 0.05."""
     if not acc:
         return f"| {task} | not run yet |"
-    n = min(v[1] for v in acc.values())
+    n = max(v[1] for v in acc.values())  # a contender added later says over how many episodes it ran
     cells = " | ".join("—" if (v := acc.get(k)) is None else "{:.2f} [{:.2f}, {:.2f}]".format(*v[0])
-                       + (f", {v[2]:.1f} s" if v[2] else "") for k in CONTENDERS)
+                       + (f" (n = {v[1]})" if v[1] < n else "") + (f", {v[2]:.1f} s" if v[2] else "")
+                       for k in CONTENDERS)
     goals = []
     for a, b in ((CB8, BM25), (CBG8, BM25), (CBD8, BM25), (CBDL8, BM25L)):
         c = next((c for c in comps if c["a"] == a and c["b"] == b), None)
