@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from transformers.cache_utils import DynamicCache
-
-if TYPE_CHECKING:
-    from .agent import Agent
 
 
 @dataclass(frozen=True)
@@ -63,7 +59,7 @@ class Stream:
     `Agent.stream(prompt)` opens one; `push(token)` appends a token. Output-level fusion (PackLLM)
     steps several streams with the same tokens.
     """
-    agent: "Agent"
+    agent: object  # the Agent that opened it (not imported: agent.py imports this module)
     cache: DynamicCache
     position: int
     logprobs: torch.Tensor  # (V,) float32: log-probabilities of the next token

@@ -8,19 +8,15 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
-
 import torch
-
-if TYPE_CHECKING:
-    from .zoo import ZooModel
 
 MARKER = "latentwire-cache.json"
 CACHE_VERSION = 2  # bump when the conversion changes: older caches are rebuilt
 
 
-def dequantise(entry: "ZooModel", dtype: torch.dtype = torch.float32):
-    """(model, tokenizer) straight from the entry's GGUF, every file SHA-256-checked first (slow: 15-50 s)."""
+def dequantise(entry, dtype: torch.dtype = torch.float32):
+    """(model, tokenizer) straight from a `zoo.ZooModel` entry's GGUF, every file SHA-256-checked first
+    (slow: 15-50 s)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     entry.check_installed()
@@ -63,7 +59,7 @@ def _gemma_tokenizer(gguf_path: Path, broken):
     return tok
 
 
-def write_cache(entry: "ZooModel") -> Path:
+def write_cache(entry) -> Path:
     """Dequantise and write the entry's cache folder (a temporary folder renamed into place: never half-written)."""
     from safetensors.torch import save_file
 
