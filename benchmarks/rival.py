@@ -1,7 +1,8 @@
 """The honest rival: CacheBack against retrieval sent as text, per task, on the same episodes and budgets.
 
     python benchmarks/rival.py [--cells paraphrase,coref,aggregate,facts1_500,code1] [--n 100]
-                               [--model qwen2.5-coder-0.5b] [--out docs/results/rival] [--skip-recall] [--report-only]
+                               [--model qwen2.5-coder-0.5b] [--out docs/results/rival] [--upto K] [--skip-recall]
+                               [--report-only]
 
 A cell is a task (fan-in of 3 senders, one receiver, one model, default placement), run episode by episode
 over `--n` fresh episodes (seed 2026: not the shipped files), resumable. Inside an episode each sender's state
@@ -132,8 +133,10 @@ def read_recall(path: Path, repair: bool = False) -> list[dict]:
     return list({r["episode"]: r for r in rows}.values())  # a recomputed row (more selectors) replaces the older
 
 
-def run_cell(agent: Agent, folder: Path, episodes: list, model: str, recall: bool = True) -> None:
-    """Both passes, episode by episode, resumable; records and config.json as the bench runner writes them."""
+def run_cell(agent: Agent, folder: Path, episodes: list, model: str, recall: bool = True,
+             upto: int | None = None) -> None:
+    """Both passes, episode by episode, resumable; records and config.json as the bench runner writes them.
+    `upto` stops after that many of the cell's episodes (so every cell can reach a common n before any goes on)."""
     config = RunConfig(os.path.relpath(folder / "episodes.jsonl"), ",".join(PROTOCOLS), model)
     resolved = config.resolved(agent)
     cfg_path, rec_path, recall_path = folder / "config.json", folder / "records.jsonl", folder / "recall.jsonl"
@@ -145,7 +148,7 @@ def run_cell(agent: Agent, folder: Path, episodes: list, model: str, recall: boo
     recalled = {r["episode"] for r in read_recall(recall_path, repair=True) if want <= set(r["recall"])}
     run_id = write_config(cfg_path, first, resolved, {"episodes": [e.id for e in episodes]})["run"]
     with rec_path.open("a", encoding="utf-8") as f, recall_path.open("a", encoding="utf-8") as g:
-        for i, ep in enumerate(episodes):
+        for i, ep in enumerate(episodes[:upto]):
             with shared_reads():
                 if recall and ep.id not in recalled:
                     g.write(json.dumps(recall_row(agent, ep)) + "\n")
@@ -265,6 +268,8 @@ def main() -> None:
     ap.add_argument("--cells", default=",".join(CELLS))
     ap.add_argument("--dtype", default=None, help="default: latentwire's choice for this machine")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--upto", type=int, default=None,
+                    help="run each cell only up to this many of its --n episodes (the rest on a later call)")
     ap.add_argument("--skip-recall", action="store_true", help="only the end-to-end pass")
     ap.add_argument("--report-only", action="store_true", help="rewrite the reports from the records")
     args = ap.parse_args()
@@ -284,7 +289,7 @@ def main() -> None:
             if agent is None:
                 agent = Agent.from_pretrained(args.model, dtype=args.dtype)
             print(f"== {cell}: {args.n} episodes, {len(PROTOCOLS)} protocols -> {folder}", flush=True)
-            run_cell(agent, folder, episodes, args.model, not args.skip_recall)
+            run_cell(agent, folder, episodes, args.model, not args.skip_recall, args.upto)
         if (folder / "records.jsonl").exists():
             config, _ = read_run(folder)
             write_report(folder, [p for p in FAMILY if p[0] in config["config"]["protocols"]])
