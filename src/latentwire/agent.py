@@ -14,7 +14,7 @@ from functools import cached_property
 from typing import Sequence, Union
 
 import torch
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from .errors import ContextOverflowError, StateFormatError, UnknownNameError
 from .replies import Answer, CallRecord, Stream  # noqa: F401  (re-exported: part of the agent's API)
@@ -56,9 +56,14 @@ class Agent:
     def dtype(self) -> torch.dtype:
         return self.model.get_input_embeddings().weight.dtype
 
-    def new_cache(self) -> DynamicCache:
+    def new_cache(self, full_history: bool = False) -> DynamicCache:
         """An empty cache for this model, built on its device (transformers' sliding-window layers make a
-        tensor at construction: on the default device otherwise)."""
+        tensor at construction: on the default device otherwise). With `full_history`, sliding layers keep
+        every row too (plain layers; the model's mask still applies the window, so its outputs are the same)."""
+        if full_history:
+            cache = DynamicCache()
+            cache.layers = [DynamicLayer() for _ in self.geometry.layer_types]
+            return cache
         with torch.device(self.device):
             return DynamicCache(config=self.model.config)
 
@@ -160,9 +165,12 @@ class Agent:
 
     # -- the three verbs --------------------------------------------------------------------
     @torch.inference_mode()
-    def prefill(self, chat: Chat, add_generation_prompt: bool = True, rows: Rows | None = None) -> KVState:
+    def prefill(self, chat: Chat, add_generation_prompt: bool = True, rows: Rows | None = None,
+                full_history: bool = False) -> KVState:
         """Prefill a chat into a fresh state. With `rows`, the chat text holds `SLOT` once and the received
-        rows are re-prefilled there (a chain hop reading the previous hop's message with its own input)."""
+        rows are re-prefilled there (a chain hop reading the previous hop's message with its own input).
+        With `full_history`, sliding-window layers keep every row's K/V (what a sender that ships selected
+        rows' K/V needs); the state is otherwise the same."""
         t0 = self._clock()
         if rows is None:
             ids = self.ids(self.chat_ids(chat, add_generation_prompt))
@@ -175,15 +183,16 @@ class Agent:
             embeds = torch.cat([self.embed(pre), rows.embeds.to(self.device, self.dtype), self.embed(post)])
             inputs, latents = {"embeds": embeds}, embeds[len(pre):len(pre) + len(row_ids)][row_ids == -1]
         self.check_window(prompt=len(ids))
-        cache = self.new_cache()
+        cache = self.new_cache(full_history)
         hidden = self._forward(cache, 0, **inputs)
         state = KVState.from_cache(cache, self.geometry, ids, latents, last_hidden=hidden[-1].clone())
         self._record("prefill", t0, len(ids), 0, len(state))
         return state
 
     @torch.inference_mode()
-    def think(self, state: KVState, steps: int, mode: str = "rescale") -> KVState:
-        """Run `steps` latent steps: the last hidden state, mapped back to the input space, is the next input."""
+    def think(self, state: KVState, steps: int, mode: str = "rescale", full_history: bool = False) -> KVState:
+        """Run `steps` latent steps: the last hidden state, mapped back to the input space, is the next input.
+        With `full_history` (the state must hold every row on its sliding layers) the latent rows keep theirs too."""
         if steps < 0:
             raise ValueError(f"latent steps must be ≥ 0, got {steps}")
         if mode not in LATENT_MODES:
@@ -198,7 +207,7 @@ class Agent:
                                    "unevenly); latent steps continue only from a prefill/think state")
         self.geometry.check_same(state.geometry)
         self.check_window(state=len(state), latent_steps=steps)
-        cache, hidden, latents = state.compact().to_cache(), state.last_hidden, []
+        cache, hidden, latents = state.compact().to_cache(full_history), state.last_hidden, []
         for i in range(steps):
             e = self.latent_vector(hidden, mode)  # (d,)
             hidden = self._forward(cache, len(state) + i, embeds=e[None])[-1]

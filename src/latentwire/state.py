@@ -263,11 +263,13 @@ class KVState:
                                   latents=torch.cat([p.latents for p in placed]))
 
     # -- transformers cache in and out -------------------------------------------------------
-    def to_cache(self) -> DynamicCache:
+    def to_cache(self, full_history: bool = False) -> DynamicCache:
         """A DynamicCache the model can continue from. Needs positions 0..T-1 (call `compact()` first).
 
         Sliding layers get exactly the rows transformers would hold (the last `window - 1`) and the
-        cumulative length T, so the model builds the same masks as after its own prefill.
+        cumulative length T, so the model builds the same masks as after its own prefill. With
+        `full_history` they keep every row instead (a plain layer; the model's mask still applies the
+        window, so what it computes is the same): the state must hold every row on them.
         """
         T = len(self)
         if not self.is_compact:
@@ -276,7 +278,12 @@ class KVState:
         for i, layer in enumerate(self.layers):
             kind = self.geometry.layer(i)
             keys, values = layer.keys, layer.values
-            if kind.attention == "sliding":
+            if kind.attention == "sliding" and full_history:
+                if layer.positions.shape[0] != T:
+                    raise StateFormatError(f"layers.{i}: a full-history cache needs every row on sliding layers; "
+                                           f"this one holds {layer.positions.shape[0]} of {T}")
+                cache_layer = DynamicLayer()
+            elif kind.attention == "sliding":
                 need = torch.arange(max(0, T - kind.window + 1), T, device=self.device)
                 have = torch.isin(layer.positions, need)
                 if int(have.sum()) != need.numel():
@@ -291,7 +298,7 @@ class KVState:
             k, v = keys.unsqueeze(0).contiguous(), values.unsqueeze(0).contiguous()  # (1, H, T_l, D)
             cache_layer.lazy_initialization(k, v)
             cache_layer.keys, cache_layer.values = k, v
-            if kind.attention == "sliding":
+            if isinstance(cache_layer, DynamicSlidingWindowLayer):
                 cache_layer.cumulative_length = T
             cache.layers.append(cache_layer)
         return cache
@@ -300,7 +307,8 @@ class KVState:
     def from_cache(cls, cache, geometry: Geometry, token_ids: torch.Tensor,
                    latents: torch.Tensor | None = None, last_hidden: torch.Tensor | None = None,
                    start: int = 0) -> "KVState":
-        """Read a batch-1 cache of T rows computed at positions start..start+T-1 (sliding layers: their last rows)."""
+        """Read a batch-1 cache of T rows computed at positions start..start+T-1 (sliding layers: their last rows,
+        or every row when the cache kept every row there: a full-history read)."""
         if len(cache.layers) != geometry.num_layers:
             raise GeometryMismatchError(f"cache has {len(cache.layers)} layers, geometry {geometry.num_layers}")
         device = cache.layers[0].keys.device if cache.layers else None
@@ -311,8 +319,8 @@ class KVState:
             if cl.keys.shape[0] != 1:
                 raise StateFormatError(f"layers.{i}: batch size {cl.keys.shape[0]}; a state holds one sequence")
             n = cl.keys.shape[-2]
-            sliding = geometry.layer_types[i] == "sliding"
-            if sliding != isinstance(cl, DynamicSlidingWindowLayer):
+            sliding = isinstance(cl, DynamicSlidingWindowLayer)  # a plain layer on a sliding layer: full history
+            if sliding and geometry.layer_types[i] != "sliding":
                 raise GeometryMismatchError(f"layers.{i}: cache layer {type(cl).__name__} vs geometry "
                                             f"{geometry.layer_types[i]}")
             if (cl.get_seq_length() if sliding else n) != T or n > T:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from latentwire.errors import ConfigError, UnknownNameError
+from latentwire.errors import ConfigError, StateFormatError, UnknownNameError
 from latentwire.protocols import get_protocol
 from latentwire.protocols.base import SENDER_PROMPT
 from latentwire.protocols.cacheback import CacheBack, document_rows
@@ -232,18 +232,14 @@ def test_chain_refuses_text_selectors_and_fusion():
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
 def test_kv_delivery_equals_attaching_the_selected_rows_by_hand(agent_for, arch):
     """encoding="kv": each sender's selected rows keep their own K/V, keys re-rotated to 0..B_i−1, placed one after
-    another at the receiver (sliding layers keep what they hold); equal to doing it by hand, and answered over."""
+    another at the receiver; equal to doing it by hand, and answered over. Gemma3's sliding layers: the sender
+    reads with full history (every row's K/V kept there), and the receiver's cache keeps the prefix's last window."""
     from latentwire.state import KVState
 
     agent = agent_for(arch)
     docs = [DOC, "The red crate holds 12 nails. The lift broke on Monday."]
     q = "Which instrument does Mira Novak play?"
     cb = CacheBack(ratio=3, latent_steps=1, encoding="kv", max_new_tokens=3)
-    if arch == "gemma3":  # sliding layers hold only their last window: refused before any compute
-        with pytest.raises(ConfigError, match="sliding"):
-            cb.run([agent, agent], docs, agent, q)
-        assert not agent.calls
-        return
     parts, _, _, _ = cb.send([agent, agent], docs, q)
     got = cb.receive(agent, q, parts)
     by_hand = []
@@ -261,3 +257,37 @@ def test_kv_delivery_equals_attaching_the_selected_rows_by_hand(agent_for, arch)
     assert out.message_bytes == sum(len(p.to_bytes()) for p in by_hand) and out.details["kv_bytes"] > 0
     with pytest.raises(ConfigError, match="kv"):
         get_protocol("cacheback_chain", encoding="kv")
+    if arch == "gemma3":
+        window = agent.geometry.sliding_window
+        assert len(got) > window, "the message outgrows the window: the receiver's sliding layers see its tail"
+        cache = got.to_cache()
+        for i, kind in enumerate(agent.geometry.layer_types):
+            held = cache.layers[i].keys.shape[-2]
+            assert held == (window - 1 if kind == "sliding" else len(got))
+
+
+def test_a_full_history_read_keeps_every_row_on_sliding_layers_and_computes_the_same(agent_for, model_for):
+    """Gemma3 (window 8): a full-history read holds every row's K/V on sliding layers, equal to the model's own
+    forward into plain cache layers; where the windowed read holds a row, both agree; latent steps continue it."""
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    agent = agent_for("gemma3")
+    prompt = CacheBack().sender_prompt(DOC, None)
+    windowed, full = agent.prefill(prompt), agent.prefill(prompt, full_history=True)
+    T, window = len(full), agent.geometry.sliding_window
+    assert T > window and torch.allclose(windowed.last_hidden, full.last_hidden, atol=1e-5)
+    ids = torch.tensor([agent.chat_ids(prompt)])
+    cache = DynamicCache()
+    cache.layers = [DynamicLayer() for _ in agent.geometry.layer_types]
+    model_for("gemma3").model(input_ids=ids, past_key_values=cache, use_cache=True)  # by hand: nothing dropped
+    for i, kind in enumerate(agent.geometry.layer_types):
+        a, b = windowed.layers[i], full.layers[i]
+        assert len(b.positions) == T and torch.allclose(b.keys, cache.layers[i].keys[0], atol=1e-5)
+        assert len(a.positions) == (window - 1 if kind == "sliding" else T)
+        at = torch.searchsorted(b.positions, a.positions)
+        assert torch.allclose(a.keys, b.keys[:, at], atol=1e-5) and torch.allclose(a.values, b.values[:, at], atol=1e-5)
+    thought, thought_w = agent.think(full, 2, full_history=True), agent.think(windowed, 2)
+    assert all(len(layer.positions) == T + 2 for layer in thought.layers)
+    assert torch.allclose(thought.last_hidden, thought_w.last_hidden, atol=1e-5)
+    with pytest.raises(StateFormatError, match="full-history"):
+        agent.think(windowed, 1, full_history=True)  # a windowed state cannot pretend to hold every row

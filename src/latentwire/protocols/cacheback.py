@@ -16,7 +16,7 @@ from typing import Sequence
 import torch
 
 from ..agent import KV_PROMPT, LATENT_MODES, MESSAGE_PROMPT, Agent
-from ..errors import ConfigError, ContextOverflowError, UnknownNameError
+from ..errors import ContextOverflowError, UnknownNameError
 from ..message import Rows
 from ..select import (CONTEXTS, SELECTORS, SPAN, TextSelector, always_kept, context_rows, fanin_budget, mass_budget,
                       fused_row_scores, get_selector, select_rows, span_units, sentence_groups, unit_ranks, unit_row_scores)
@@ -187,7 +187,8 @@ class CacheBack(Protocol):
 
     def sender_read(self, sender: Agent, document: str, question: str | None = None) -> Read:
         """`read` with its measured seconds; inside `shared_reads()` one read serves every protocol."""
-        return read(sender, self.sender_prompt(document, question), self.latent_steps, self.latent_mode)
+        return read(sender, self.sender_prompt(document, question), self.latent_steps, self.latent_mode,
+                    full_history=self.encoding == "kv")  # K/V of any selected row, sliding layers included
 
     def query_text(self, sender: Agent, question: str) -> str:
         return sender.continuation_text(KV_PROMPT.format(question=question)) if self.query_format == "turn" \
@@ -266,12 +267,6 @@ class CacheBack(Protocol):
         """ContextOverflowError, before any sender reads, unless every sender's state and the largest message
         the budgets allow fit: per sender min(B, T - 1) document rows (at least one whole sentence, ≤ 2·span rows,
         under the unit floor) + its first row + G latent rows, then the receiver's prompt and answer."""
-        if self.encoding == "kv":
-            sliding = sorted({a.model_name for a in (*senders, receiver) if "sliding" in a.geometry.layer_types})
-            if sliding:  # a sender's sliding layers hold only its last window: most selected rows have no K/V there
-                raise ConfigError(f"encoding 'kv' attaches every layer's K/V of the selected rows, but "
-                                  f"{', '.join(sliding)} has sliding-window layers that keep only their last window: "
-                                  "use encoding 'rows'")
         budget = first = latent = 0
         for prompt in self.check_senders(senders, documents, question):
             T = prompt + self.latent_steps

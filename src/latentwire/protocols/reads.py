@@ -124,15 +124,17 @@ def shared_reads(held: HeldReads | None = None) -> Iterator[dict]:
             held._fit()
 
 
-def read(sender: Agent, prompt: str, latent_steps: int, latent_mode: str) -> Read:
-    """The sender's finished state after reading `prompt` (a chat user turn) and thinking G steps."""
+def read(sender: Agent, prompt: str, latent_steps: int, latent_mode: str, full_history: bool = False) -> Read:
+    """The sender's finished state after reading `prompt` (a chat user turn) and thinking G steps. With
+    `full_history`, a sender with sliding-window layers keeps every row's K/V there (a read of its own)."""
+    full = full_history and "sliding" in sender.geometry.layer_types  # elsewhere every layer keeps every row
     memo = _MEMO.get()
     if memo is None:
         t0 = time.perf_counter()
-        state = sender.think(sender.prefill(prompt), latent_steps, latent_mode)
+        state = sender.think(sender.prefill(prompt, full_history=full), latent_steps, latent_mode, full)
         return Read(state, time.perf_counter() - t0, False)
     held = _HELD.get()
-    who = (id(sender), sender.model_name, str(sender.dtype), str(sender.device), prompt)
+    who = (id(sender), sender.model_name, str(sender.dtype), str(sender.device), prompt) + (("full",) if full else ())
     key = who + (latent_steps, latent_mode)
     if key in memo:
         state, seconds = memo[key]
@@ -148,11 +150,11 @@ def read(sender: Agent, prompt: str, latent_steps: int, latent_mode: str) -> Rea
             prefill_s = held._charge(who, prefill_s)[0]
     else:
         t0 = time.perf_counter()
-        prefilled = sender.prefill(prompt)
+        prefilled = sender.prefill(prompt, full_history=full)
         prefill_s = time.perf_counter() - t0
         put(who, (prefilled, prefill_s))
     t0 = time.perf_counter()
-    state = sender.think(prefilled, latent_steps, latent_mode)
+    state = sender.think(prefilled, latent_steps, latent_mode, full)
     seconds = prefill_s + time.perf_counter() - t0
     put(key, (state, seconds))
     return Read(state, seconds, False)
