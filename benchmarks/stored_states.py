@@ -40,9 +40,11 @@ from latentwire.protocols.reads import HeldReads, shared_reads  # noqa: E402
 OUT = Path(__file__).resolve().parents[1] / "docs" / "results" / "stored_states"
 CELLS = ("facts1_500", "facts1_2000", "facts1_4000")
 TEXT, BM25, FULLKV, FULLCTX = "text", "retrieval(selector='bm25')", "fullkv(latent_steps=8)", "fullcontext"
+TEXTH = "text(read='held')"  # text reports from senders that hold their document: a question-time figure too
 CB8, CB8KV, CB8M = "cacheback(ratio=8)", "cacheback(ratio=8, encoding='kv')", "cacheback(ratio=8, mass=0.9)"
-PROTOCOLS = [TEXT, BM25, CB8, CB8KV, CB8M, FULLKV, FULLCTX]
-FAMILY = [(CB8, TEXT), (CB8KV, TEXT), (CB8M, TEXT), (CB8KV, CB8), (CB8M, CB8), (BM25, TEXT), (CB8, FULLCTX)]
+PROTOCOLS = [TEXT, TEXTH, BM25, CB8, CB8KV, CB8M, FULLKV, FULLCTX]
+FAMILY = [(CB8, TEXT), (CB8KV, TEXT), (CB8M, TEXT), (CB8, TEXTH), (CB8KV, TEXTH), (CB8M, TEXTH), (TEXTH, TEXT),
+          (CB8KV, CB8), (CB8M, CB8), (BM25, TEXT), (CB8, FULLCTX)]
 
 
 def groups_for(cell: str, n: int, seed: int) -> list[list]:

@@ -249,7 +249,22 @@ class Agent:
     def answer(self, question: Chat, message: Message = None, max_new_tokens: int = 48) -> Answer:
         """Greedy answer to `question`, given an optional message (text, Rows or a full-KV state)."""
         t0 = self._clock()
-        cache, start, inputs, n_msg, prompt_tokens = self._receiver_input(question, message, max_new_tokens)
+        return self._generate(t0, *self._receiver_input(question, message, max_new_tokens), max_new_tokens)
+
+    @torch.inference_mode()
+    def answer_after(self, state: KVState, user: str, max_new_tokens: int = 48) -> Answer:
+        """Greedy answer to a new user turn after a state this agent holds (an open assistant turn, e.g. a
+        document it read before the question came): only the turn is prefilled (`continuation_text`)."""
+        t0 = self._clock()
+        self.geometry.check_same(state.geometry)
+        ids = self.tokenizer(self.continuation_text(user), add_special_tokens=False)["input_ids"]
+        self.check_window(state=len(state), prompt=len(ids), max_new_tokens=max_new_tokens)
+        own = state.compact()
+        return self._generate(t0, own.to_cache(), len(own), {"ids": self.ids(ids)}, len(own), len(ids), max_new_tokens)
+
+    def _generate(self, t0: float, cache: DynamicCache, start: int, inputs: dict, n_msg: int, prompt_tokens: int,
+                  max_new_tokens: int) -> Answer:
+        """Prefill `inputs` at `start` onto `cache`, then decode greedily: the Answer, timed from `t0`."""
         hidden = self._forward(cache, start, **inputs)
         t1 = self._clock()
         marks: list[float] = []

@@ -10,6 +10,7 @@ from latentwire.bench.episode import Episode, Span, write_episodes
 from latentwire.bench.runner import RunConfig, run
 from latentwire.models import tiny_model, tiny_tokenizer
 from latentwire.protocols import get_protocol
+from latentwire.errors import UnknownNameError
 from latentwire.protocols.reads import HeldReads, read, shared_reads
 
 DOC, Q = "The blue crate holds 58 bolts. The red crate holds 12 nails.", "How many bolts?"
@@ -251,3 +252,44 @@ def test_time_to_first_token_leaves_out_the_rest_of_the_answer(agent_for):
         assert out.ttft == pytest.approx(out.tteoa - out.after_first)
     reply = agent.answer(question, max_new_tokens=5)
     assert after_first(reply) == pytest.approx(reply.decode_seconds - reply.token_seconds[0])
+
+
+def test_answer_after_prefills_only_the_new_turn_onto_the_held_state(agent_for):
+    """`Agent.answer_after(state, user)` decodes what the model gives after the held read and the new turn: its
+    first token is the argmax after `extend(state, user)`; the prompt it prefills is the turn alone."""
+    agent = agent_for("qwen2")
+    state = agent.prefill("Read this document.\n\n" + DOC)
+    turn = "Quote the one sentence of the document above that best answers: " + Q
+    ans = agent.answer_after(state, turn, max_new_tokens=4)
+    extended = agent.extend(state, turn)
+    with torch.inference_mode():
+        assert ans.token_ids[0] == int(agent.logits(extended.last_hidden).argmax())
+    assert ans.message_rows == len(state) and ans.prompt_tokens == len(extended) - len(state)
+    assert ans.token_ids == agent.answer_after(state.shift(7), turn, max_new_tokens=4).token_ids  # relative attention
+
+
+def test_held_text_reports_read_each_document_once_and_have_a_question_time(agent_for):
+    """text(read="held"): the sender read its document before the question (the same read CacheBack's senders
+    share); at question time it prefills only the question's turn and decodes. Over held reads the second
+    question pays no read; its report equals `answer_after` on a fresh read."""
+    agent = agent_for("llama")
+    docs = ["Ada led Orion in Lisbon.", "Bo led Vega in Oslo."]
+    text = get_protocol("text", read="held", max_report_tokens=4, max_new_tokens=2)
+    held = HeldReads()
+    with shared_reads(held):
+        first = text.run([agent] * 2, docs, agent, "Where did Ada lead Orion?")
+        cb = get_protocol("cacheback", ratio=2, latent_steps=0, max_new_tokens=2).run(
+            [agent] * 2, docs, agent, "Where did Ada lead Orion?")
+    # per document one prefill and its G = 0 state; CacheBack at G = 0 reused text's reads
+    assert held.reads_computed == 4 and cb.details["senders"][0]["shared_read"]
+    with shared_reads(held):
+        warm = text.run([agent] * 2, docs, agent, "Where did Bo lead Vega?")
+    assert held.reads_computed == 4  # no new read for the second question
+    assert min(first.read_seconds) > 0 and first.question_tteoa < first.tteoa
+    assert warm.read_seconds == (0.0, 0.0) and warm.question_tteoa == pytest.approx(warm.tteoa)
+    by_hand = agent.answer_after(agent.prefill("Read this document.\n\n" + docs[1]),
+                                 "Quote the one sentence of the document above that best answers: "
+                                 "Where did Bo lead Vega?", max_new_tokens=4)
+    assert warm.details["reports"][1] == by_hand.text
+    with pytest.raises(UnknownNameError, match="valid: held, with_question"):
+        get_protocol("text", read="cached")

@@ -23,7 +23,8 @@ def test_a_cell_reads_each_group_once_and_records_both_timings(tmp_path, monkeyp
     groups = facts.follow_up_episodes(3, 2, tokens=60)
     stored_states.ensure_episodes(folder / "episodes.jsonl", [e for g in groups for e in g])
     protocols = stored_states._split("text(max_report_tokens=4),cacheback(ratio=4, latent_steps=1),"
-                                     "cacheback(ratio=4, latent_steps=1, mass=0.9),retrieval(selector='lexical')")
+                                     "cacheback(ratio=4, latent_steps=1, mass=0.9),retrieval(selector='lexical'),"
+                                     "text(max_report_tokens=4, read='held')")
     stored_states.run_cell(agent, folder, groups, "qwen2", protocols)
     records = [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
     assert len(records) == 2 * 3 * len(protocols) and all(r["error"] is None for r in records)
@@ -35,6 +36,9 @@ def test_a_cell_reads_each_group_once_and_records_both_timings(tmp_path, monkeyp
         else:  # follow-ups find their reads held
             assert r["tteoa_question"] == pytest.approx(r["tteoa"])
     assert all(r["tteoa_question"] is None for r in records if r["protocol"] == protocols[0])  # text re-reads
+    held_text = [r for r in records if r["protocol"] == protocols[4]]  # text from held documents: both timings
+    assert all((r["tteoa_question"] < r["tteoa"]) if r["turn"] == 0 else r["tteoa_question"] == pytest.approx(
+        r["tteoa"]) for r in held_text) and len(held_text) == 6
     for r in cb:  # each sender read once per group: the follow-ups' reads are held, charged 0 s
         reads = [t["read_s"] for t in r["details"]["senders"]]
         assert (min(reads) > 0) if r["turn"] == 0 else reads == [0.0, 0.0, 0.0]

@@ -169,16 +169,31 @@ def report(sender: Agent, prompt: str, max_new_tokens: int) -> Report:
     """The sender's greedy answer to `prompt` (a report) capped at `max_new_tokens`. Inside `shared_reads()`
     one decode per (sender, prompt) serves every cap it covers (`Answer.truncated`); a cap beyond what a
     capped decode reached decodes again, and that longer decode is kept for the next."""
+    key = ("report", id(sender), sender.model_name, str(sender.dtype), str(sender.device), prompt)
+    return _capped(sender, key, lambda cap: sender.answer(prompt, max_new_tokens=cap), max_new_tokens)
+
+
+def report_after(sender: Agent, prompt: str, user: str, max_new_tokens: int) -> tuple[Report, Read]:
+    """A report from a sender that holds its read: it read `prompt` (a chat user turn, no latent steps) before
+    the question, shared like any `read`; the question comes as a new turn `user` after it, and only that turn
+    is prefilled (`Agent.answer_after`). Decodes are shared across caps as in `report`."""
+    r = read(sender, prompt, 0, "rescale")
+    key = ("report", id(sender), sender.model_name, str(sender.dtype), str(sender.device), prompt, "after", user)
+    return _capped(sender, key, lambda cap: sender.answer_after(r.state, user, max_new_tokens=cap), max_new_tokens), r
+
+
+def _capped(sender: Agent, key: tuple, decode, max_new_tokens: int) -> Report:
+    """`decode(cap)` once per key inside `shared_reads()`, serving every cap the kept decode covers."""
     memo = _MEMO.get()
     if memo is None:
-        return Report(sender.answer(prompt, max_new_tokens=max_new_tokens), False)
-    key = ("report", id(sender), sender.model_name, str(sender.dtype), str(sender.device), prompt)
+        return Report(decode(max_new_tokens), False)
     if key in memo:
         full = memo[key]
-        sender.check_window(prompt=full.prompt_tokens, max_new_tokens=max_new_tokens)  # as answer() would
+        sender.check_window(prompt=full.message_rows + full.prompt_tokens,  # as the decode itself would
+                            max_new_tokens=max_new_tokens)
         served = full.truncated(max_new_tokens, sender.tokenizer)
         if served is not None:
             return Report(served, True)
-    ans = sender.answer(prompt, max_new_tokens=max_new_tokens)
+    ans = decode(max_new_tokens)
     memo[key] = ans
     return Report(ans, False)

@@ -7,6 +7,11 @@ the time its own capped decode takes (`reads.report`).
 `ratio=r` is text at the same message size as CacheBack at r: each report may use as many tokens as
 CacheBack would send rows for that document, ceil(T / r) with T the sender's prompt tokens for it
 (SENDER_PROMPT, the state CacheBack selects from, latent rows aside); `max_report_tokens` is then unused.
+
+`read="held"` is the text sender of an agent that already holds its document: it read SENDER_PROMPT before the
+question (the same read CacheBack's senders start from, shared with them), and at question time prefills only
+the question's turn onto that state (`Agent.answer_after`) and decodes. Its `read_seconds` give the
+question-time TTEOA; over held reads (`HeldReads`) a follow-up question pays no read at all.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from typing import Sequence
 from ..agent import Agent
 from ..errors import UnknownNameError
 from .base import after_first, SENDER_PROMPT, Outcome, Protocol, register
-from .reads import report
+from .reads import report, report_after
 
 REPORT_PROMPTS = {  # what the sender is asked to write
     "quote": ("Read this document.\n\n{document}\n\nQuote the one sentence of the document that best answers: "
@@ -26,17 +31,26 @@ REPORT_PROMPTS = {  # what the sender is asked to write
     "notes": "Read this document.\n\n{document}\n\nWrite down every fact from it that helps answer: {question}",
 }
 REPORT_PROMPT = REPORT_PROMPTS["quote"]
+# The same asks, as a turn after a document the sender already holds (`read="held"`).
+REPORT_TURNS = {
+    "quote": "Quote the one sentence of the document above that best answers: {question}",
+    "notes": "Write down every fact from the document above that helps answer: {question}",
+}
+READS = ("with_question", "held")
 
 
 @register
 @dataclass
 class Text(Protocol):
     """Sends a text report per sender, decoded for the question. Key parameters: `report` ("quote" or "notes"),
-    `max_report_tokens`, or `ratio` (reports at CacheBack's message size)."""
+    `max_report_tokens`, `ratio` (reports at CacheBack's message size), `read` ("with_question": the sender reads
+    its document and the question in one prompt; "held": it read the document before, as CacheBack's senders
+    do, and prefills only the question's turn onto that state)."""
     name = "text"
     max_report_tokens: int = 64
     ratio: float | None = None  # report budget ceil(T / ratio): text at CacheBack's message size
     report: str = "quote"  # "quote" (one sentence: retrieval) or "notes" (every useful fact: reasoning)
+    read: str = "with_question"  # or "held": the document read before the question (question-time TTEOA)
 
     def __post_init__(self):
         super().__post_init__()
@@ -46,6 +60,8 @@ class Text(Protocol):
             raise ValueError(f"ratio must be ≥ 1, got {self.ratio}")
         if self.report not in REPORT_PROMPTS:
             raise UnknownNameError("report kind", self.report, REPORT_PROMPTS)
+        if self.read not in READS:
+            raise UnknownNameError("text read", self.read, READS)
 
     def report_budget(self, sender: Agent, document: str) -> int:
         if self.ratio is None:
@@ -53,14 +69,20 @@ class Text(Protocol):
         return math.ceil(len(sender.chat_ids(SENDER_PROMPT.format(document=document))) / self.ratio)
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
-        reports, seconds, budgets, used, shared = [], [], [], [], []
+        reports, seconds, budgets, used, shared, reads = [], [], [], [], [], []
         for sender, doc in self._pair(senders, documents):
             t0 = time.perf_counter()
             budgets.append(self.report_budget(sender, doc))
             budget_s = time.perf_counter() - t0
-            rep, was_shared = report(sender, REPORT_PROMPTS[self.report].format(document=doc, question=question),
-                                     budgets[-1])
-            seconds.append(budget_s + rep.seconds)  # a shared decode is charged what this cap's decode takes
+            if self.read == "held":
+                (rep, was_shared), r = report_after(sender, SENDER_PROMPT.format(document=doc),
+                                                    REPORT_TURNS[self.report].format(question=question), budgets[-1])
+                reads.append(r.seconds)
+            else:
+                rep, was_shared = report(sender, REPORT_PROMPTS[self.report].format(document=doc, question=question),
+                                         budgets[-1])
+            # a shared decode is charged what this cap's decode takes; a held read what the read took (0 if held)
+            seconds.append(budget_s + rep.seconds + (reads[-1] if reads else 0.0))
             reports.append(rep.text)
             used.append(len(rep.token_ids))
             shared.append(was_shared)
@@ -68,4 +90,5 @@ class Text(Protocol):
         reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
         return Outcome(self.name, reply.text, len(message.encode()), reply.context, tuple(seconds), reply.seconds,
                        {"reports": reports, "report_budgets": budgets, "report_tokens": used,
-                        "shared_reports": shared}, after_first=after_first(reply))
+                        "shared_reports": shared}, after_first=after_first(reply),
+                       read_seconds=tuple(reads) if self.read == "held" else None)
