@@ -85,6 +85,19 @@ class ContextOverflowError(LatentWireError):
         return type(self), (self.needed, self.window, self.breakdown)
 
 
+class HeldMemoryError(LatentWireError, MemoryError):
+    """A read to be held across questions would not fit the holder's byte bound on its own; raised before the
+    read is computed."""
+
+    def __init__(self, needed: int, bound: int):
+        self.needed, self.bound = needed, bound
+        super().__init__(f"holding this read needs about {needed / 2**20:.1f} MiB of KV but the bound is "
+                         f"{bound / 2**20:.1f} MiB: raise HeldReads(max_bytes=...), or hold shorter documents")
+
+    def __reduce__(self):
+        return type(self), (self.needed, self.bound)
+
+
 class ConfigError(LatentWireError, ValueError):
     """A bad run configuration: protocol spec, unknown or out-of-range parameter."""
 

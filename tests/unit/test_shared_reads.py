@@ -293,3 +293,23 @@ def test_held_text_reports_read_each_document_once_and_have_a_question_time(agen
     assert warm.details["reports"][1] == by_hand.text
     with pytest.raises(UnknownNameError, match="valid: held, with_question"):
         get_protocol("text", read="cached")
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_a_read_that_cannot_be_held_is_refused_before_any_compute(agent_for, arch):
+    """What holding a read costs is known before it runs (`read_bytes`: Gemma3's sliding layers keep their last
+    window unless the read keeps full history); a read bigger than the holder's bound alone is refused, typed."""
+    from latentwire.errors import HeldMemoryError
+    from latentwire.protocols.reads import read_bytes
+
+    agent = agent_for(arch)
+    long_doc = DOC * 3
+    rows = len(agent.chat_ids(long_doc))
+    assert read_bytes(agent, rows) == agent.prefill(long_doc).nbytes
+    assert read_bytes(agent, rows, True) == agent.prefill(long_doc, full_history=True).nbytes
+    assert (read_bytes(agent, rows, True) > read_bytes(agent, rows)) == (arch == "gemma3")
+    held, before = HeldReads(max_bytes=read_bytes(agent, rows)), len(agent.calls)
+    with pytest.raises(HeldMemoryError, match="max_bytes"):  # prefill + a finished state of rows + 2: too big
+        with shared_reads(held):
+            read(agent, long_doc, 2, "rescale")
+    assert len(agent.calls) == before and not held.memo

@@ -33,6 +33,7 @@ from contextvars import ContextVar
 from typing import Iterator, NamedTuple
 
 from ..agent import Agent, Answer
+from ..errors import HeldMemoryError
 from ..state import KVState
 
 _MEMO: ContextVar[dict | None] = ContextVar("latentwire_shared_reads", default=None)
@@ -89,6 +90,12 @@ class HeldReads:
         if not (isinstance(key, tuple) and key and key[0] == "report"):
             self.reads_computed += 1
 
+    def check_fits(self, needed: int) -> None:
+        """HeldMemoryError unless a new read of about `needed` bytes fits the bound on its own (older reads are
+        dropped to make room; `max_bytes = 0` holds nothing and refuses nothing)."""
+        if 0 < self.max_bytes < needed:
+            raise HeldMemoryError(needed, self.max_bytes)
+
     def _fit(self) -> None:
         """Drop least recently used entries until the held bytes fit `max_bytes`."""
         over = self.nbytes - self.max_bytes
@@ -98,6 +105,15 @@ class HeldReads:
             over -= _entry_bytes(self.memo.pop(key))
             self.born.pop(key, None), self.used.pop(key, None)
             self.dropped += 1
+
+
+def read_bytes(sender: Agent, rows: int, full_history: bool = False) -> int:
+    """KV bytes of a state of `rows` rows on `sender` (sliding layers keep their last window − 1 rows, unless
+    `full_history`): what holding it costs."""
+    g = sender.geometry
+    kept = sum(rows if kind == "global" or full_history else min(rows, g.sliding_window - 1)
+               for kind in g.layer_types)
+    return 2 * g.num_kv_heads * g.head_dim * sender.dtype.itemsize * kept
 
 
 def _entry_bytes(value) -> int:
@@ -144,6 +160,10 @@ def read(sender: Agent, prompt: str, latent_steps: int, latent_mode: str, full_h
         held.served_held += was_held
         return Read(state, charged, not was_held, was_held)
     put = memo.__setitem__ if held is None else held._add
+    if held is not None:  # refused before any compute: the prefill and the finished state are both held
+        rows = len(sender.chat_ids(prompt))
+        held.check_fits(read_bytes(sender, rows, full) * (who not in memo) + read_bytes(sender, rows + latent_steps,
+                                                                                       full))
     if who in memo:  # the prefill is shared between latent-step counts and modes
         prefilled, prefill_s = memo[who]
         if held is not None:
