@@ -40,7 +40,7 @@ from latentwire.bench.runner import (RunConfig, check_resume, drop_cut_lines, fi
 from latentwire.protocols import get_protocol  # noqa: E402
 from latentwire.protocols.reads import shared_reads  # noqa: E402
 from latentwire.bench.tasks import TASKS  # noqa: E402
-from latentwire.protocols.cacheback import CacheBack, document_rows, kept_document_spans  # noqa: E402
+from latentwire.protocols.cacheback import SCORING_PRESETS, CacheBack, document_rows, kept_document_spans  # noqa: E402
 from latentwire.select import (SPAN, TextSelector, always_kept, fanin_budget,  # noqa: E402
                                fused_row_scores, select_rows, span_units, sentence_groups, unit_ranks, unit_row_scores)
 
@@ -52,7 +52,7 @@ CBG8 = "cacheback(ratio=8, calibration='generic')"  # the candidate default: sco
 CBKV8 = "cacheback(ratio=8, encoding='kv')"  # the selected rows' own K/V attached: no re-prefill, context kept
 # Contrastive CacheBack: mean query attention (p = 0) on the deeper half of the layers, ÷ a content-free query's.
 # Chosen on dev episodes (seed 7, never this study's) where it kept the most coref evidence; added after coref ran.
-DEEP = {"p": 0.0, "min_depth": 0.5}
+DEEP = SCORING_PRESETS["deep"]  # {"p": 0.0, "min_depth": 0.5}
 CBD8 = f"cacheback(ratio=8, calibration='generic', selector_params={DEEP!r})"
 # The same, and BM25, with each selected sentence's paragraph lead taken along (who "he" is), inside the budget.
 CBDL8 = f"cacheback(ratio=8, calibration='generic', selector_params={DEEP!r}, context='lead')"
@@ -96,7 +96,7 @@ def recall_row(agent: Agent, ep) -> dict:
         spans = [(s.start, s.end) for s in ep.evidence if s.agent == a]
         gold += [(a, p) for p in span_token_positions(doc, spans, agent.tokenizer)]
         protos = {sel: CacheBack.variant(sel, latent_steps=8) for sel in RECALL_SELECTORS}
-        protos[CONTRASTIVE] = CacheBack(latent_steps=8, calibration="generic", selector_params=DEEP)
+        protos[CONTRASTIVE] = CacheBack.variant(CONTRASTIVE, latent_steps=8)
         attention = {sel: p.scores(agent, state, ep.question) for sel, p in protos.items()
                      if not isinstance(p._selector, TextSelector)}
         for mode in MODES:

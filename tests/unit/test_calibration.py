@@ -143,3 +143,8 @@ def test_variant_names():
     assert CacheBack.variant("bm25").calibration == "none"
     with pytest.raises(UnknownNameError):
         CacheBack.variant("cacheback/lines")
+    deep = CacheBack.variant("cacheback@deep+generic/sentence", ratio=8)  # contrastive CacheBack, as rival names it
+    assert (deep.selector, deep.calibration, deep.span_mode) == ("cacheback", "generic", "sentence")
+    assert deep.selector_params == {"p": 0.0, "min_depth": 0.5} and deep._selector.min_depth == 0.5
+    with pytest.raises(UnknownNameError, match="valid: deep"):
+        CacheBack.variant("cacheback@shallow")

@@ -18,9 +18,12 @@ def test_inspect_page_has_one_column_per_selector_and_the_gold_evidence():
     agent = Agent(tiny_model("llama"), tiny_tokenizer(), "llama")
     doc = "Filler words here. The code is 7341. More filler follows now."
     ep = Episode("e", "t", "fanin", "What is the code?", ["7341"], (doc,), (Span(0, 19, 36),))
-    page = inspect_episode(agent, ep, ["cacheback", "streaming_llm"], ratio=4, latent_steps=1)
-    assert page.count("<div class=doc>") == 2 and "<b>cacheback</b>" in page and "<b>streaming_llm</b>" in page
+    page = inspect_episode(agent, ep, ["cacheback", "streaming_llm", "cacheback@deep+generic/sentence",
+                                       "lexical/sentence"], ratio=4, latent_steps=1)
+    assert page.count("<div class=doc>") == 4 and "<b>cacheback</b>" in page and "<b>streaming_llm</b>" in page
     assert "<u>" in page and "background:rgba(255,170,0," in page
+    lexical = page.split("<b>lexical/sentence</b>")[1]  # a text selector: the question's words pick the sentence
+    assert '<span style="background:rgba(255,170,0,1.00)"><u>The code is 7341.</u></span>' in lexical
 
 
 def test_inspect_page_explains_rows_budget_and_compression():

@@ -18,7 +18,7 @@ import torch
 from ..agent import Agent
 from ..errors import LatentWireError
 from ..protocols.cacheback import CacheBack, document_rows
-from ..select import always_kept, fanin_budget, select_rows
+from ..select import TextSelector, fanin_budget
 from .episode import Episode
 
 _STYLE = """body{font:13px/1.45 system-ui,sans-serif;margin:16px;color:#222}
@@ -90,11 +90,11 @@ def inspect_episode(agent: Agent, ep: Episode, selectors: list[str], ratio: floa
         parts.append(f"<h3>sender {a}: T = {T} rows ({T - latent_steps} prompt, {n_doc} of them document, + "
                      f"{latent_steps} latent); budget B = ceil({T} / {ratio:g}) = {budget} document rows</h3>"
                      f"<div class=grid style='grid-template-columns:repeat({cols},1fr)'>")
-        for name in selectors:  # SELECTOR[+CALIBRATION][/sentence], see CacheBack.variant
+        for name in selectors:  # SELECTOR[@PRESET][+CALIBRATION][/sentence], see CacheBack.variant
             proto = CacheBack.variant(name, ratio=ratio, latent_steps=latent_steps)
-            scores = proto.scores(agent, state, ep.question)
-            rows = select_rows(scores, fanin_budget(len(state), ratio), always_kept(state), proto.span, eligible,
-                               proto.span_groups(per_row, doc), proto.unit_floor)
+            rows = proto.choose(agent, state, ep.question, eligible, proto.span_groups(per_row, doc), per_row, doc)
+            text = isinstance(proto._selector, TextSelector)  # lexical, bm25, dense: kept units shaded alike
+            scores = torch.ones(len(state), device=state.device) if text else proto.scores(agent, state, ep.question)
             body = _render(doc, _char_marks(doc, rows, scores, per_row), gold)
             summary = html.escape(sent_summary(state, rows, eligible))
             parts.append(f"<div><b>{html.escape(name)}</b> <span class=meta>{summary}</span>"

@@ -195,7 +195,8 @@ def _add_inspect(sub) -> None:
     insp.add_argument("--episode", default=None, help="episode id, e.g. facts-0005 (default: the task's first)")
     insp.add_argument("--model", default="smollm2-135m", help="bundled model name, local HF directory or hub id")
     insp.add_argument("--selectors", default="cacheback,cacheback+generic,mean_query,streaming_llm",
-                      help="comma-separated SELECTOR[+CALIBRATION][/sentence], e.g. cacheback+masked/sentence")
+                      help="comma-separated SELECTOR[@PRESET][+CALIBRATION][/sentence], e.g. cacheback+masked/sentence, "
+                           "cacheback@deep+generic/sentence (contrastive), bm25/sentence")
     insp.add_argument("--ratio", type=float, default=8.0, help="compression ratio r: budget B = ceil(T / r)")
     insp.add_argument("--latent-steps", type=int, default=8, help="G latent steps per sender (rows always sent)")
     insp.add_argument("--out", default="inspect.html", help="HTML file to write")

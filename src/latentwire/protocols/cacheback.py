@@ -29,6 +29,9 @@ from .reads import Read, read
 # rows' own K/V, keys re-rotated to consecutive positions, attached as the receiver's prefix (no re-prefill: a row
 # keeps what the sender's context wrote into it, e.g. a pronoun's antecedent).
 ENCODINGS = ("rows", "token_ids", "kv")
+# Named CacheBack scoring settings (`variant("cacheback@deep+generic")`). "deep": mean query attention (p = 0) read on
+# the deeper half of the layers only; with generic calibration it is contrastive CacheBack (methods.md).
+SCORING_PRESETS = {"deep": {"p": 0.0, "min_depth": 0.5}}
 QUERY_FORMATS = ("turn", "raw")
 SPAN_MODES = ("fixed", "sentence")
 # Background calibration: divide the question's scores by those of a content-free query in the same
@@ -156,14 +159,20 @@ class CacheBack(Protocol):
 
     @classmethod
     def variant(cls, spec: str, **fields) -> "CacheBack":
-        """A CacheBack from a short variant name, `SELECTOR[+CALIBRATION][/sentence]` (as `inspect` and the
-        recall benchmark name their columns): "cacheback+generic/sentence" = selector "cacheback",
-        calibration "generic", span_mode "sentence". Other fields as keywords."""
+        """A CacheBack from a short variant name, `SELECTOR[@PRESET][+CALIBRATION][/sentence]` (as `inspect` and
+        the recall benchmarks name their columns): "cacheback+generic/sentence" = selector "cacheback",
+        calibration "generic", span_mode "sentence"; "cacheback@deep+generic" = contrastive scores (the "deep"
+        preset of `SCORING_PRESETS`, calibrated). Other fields as keywords."""
         head, slash, mode = spec.partition("/")
-        selector, _, calibration = head.partition("+")
+        head, _, calibration = head.partition("+")
+        selector, at, preset = head.partition("@")
         if slash and mode != "sentence":
             raise UnknownNameError("span mode suffix", mode, ["sentence"])
-        return cls(selector=selector, calibration=calibration or "none", span_mode=mode or "fixed", **fields)
+        if at and preset not in SCORING_PRESETS:
+            raise UnknownNameError("scoring preset", preset, SCORING_PRESETS)
+        params = dict(SCORING_PRESETS[preset]) if at else {}
+        return cls(selector=selector, calibration=calibration or "none", span_mode=mode or "fixed",
+                   **({"selector_params": params} if params else {}) | fields)
 
     def __getstate__(self):  # picklable (protocols travel to Ray actors): the background cache stays behind
         state = self.__dict__.copy()
