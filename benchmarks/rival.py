@@ -234,7 +234,9 @@ def write_index(out: Path, cells: list[str], n: int, seed: int) -> None:
              "Fan-in of 3 senders, Qwen2.5-Coder-0.5B-Instruct for every agent, default placement. Per contender: "
              "accuracy [95% bootstrap CI], median TTEOA. The last column is the pre-specified goal comparison "
              "(paired difference [95% CI], McNemar p adjusted by Holm over the cell's family of verdicts, listed "
-             "below); it is bold only where that Holm p is ≤ 0.05.", "", head,
+             "below); it is bold only where that Holm p is ≤ 0.05. Why attention selection loses to BM25 on coref "
+             "and what contrastive scores change, on two episodes' inspect pages: [inspect/](inspect/README.md).",
+             "", head,
              "|---|---:|" + "---|" * (len(CONTENDERS) + 1)]
     details, environments = [], set()
     for cell in cells:
