@@ -1,19 +1,22 @@
 """Agents that already hold their documents: question-time and cold TTEOA, first questions and follow-ups.
 
     python benchmarks/stored_states.py [--cells facts1_500,facts1_2000,facts1_4000] [--n 100] [--n-4000 40]
-                                       [--model qwen2.5-coder-0.5b] [--out docs/results/stored_states] [--report-only]
+                                       [--model qwen2.5-coder-0.5b] [--out docs/results/stored_states] [--upto K]
+                                       [--report-only]
 
 A cell is a document length: `--n` groups of one-hop `facts` fan-in episodes (3 senders of ~T tokens), each
 group three questions over the same documents (`facts.follow_up_episodes`: city, leader and budget of one
 target project). Inside a group one `HeldReads` keeps every sender's read across the questions: the first
 question reads cold, the follow-ups find their reads held (charged 0 s). Every record carries both timings:
 `tteoa` (as the protocol ran: cold for a first question) and `tteoa_question` (each sender's seconds without its
-query-blind read: what an agent that holds its document pays once the question arrives; None for text
-reports, whose senders read the document with the question). Resumable per (episode, protocol).
+query-blind read: what an agent that holds its document pays once the question arrives; None for `text`,
+whose senders read the document with the question; `text(read='held')` prefills only the question's turn onto
+the held read). Resumable per (episode, protocol); `--upto K` stops each cell after K groups.
 
 Output per cell: `records.jsonl`, `config.json`, `report.md` (the bench report, with the question-time column)
 and `README.md` over the cells: per protocol, accuracy [95% CI] and median question-time / cold TTEOA, on first
-questions and on follow-ups, and the paired verdicts against text reports.
+questions and on follow-ups; the measured crossover (question-time TTEOA against document length, `crossover.png`)
+with the goal check; and the paired verdicts (Holm over each cell's `FAMILY`).
 """
 from __future__ import annotations
 
@@ -42,9 +45,13 @@ CELLS = ("facts1_500", "facts1_2000", "facts1_4000")
 TEXT, BM25, FULLKV, FULLCTX = "text", "retrieval(selector='bm25')", "fullkv(latent_steps=8)", "fullcontext"
 TEXTH = "text(read='held')"  # text reports from senders that hold their document: a question-time figure too
 CB8, CB8KV, CB8M = "cacheback(ratio=8)", "cacheback(ratio=8, encoding='kv')", "cacheback(ratio=8, mass=0.9)"
-PROTOCOLS = [TEXT, TEXTH, BM25, CB8, CB8KV, CB8M, FULLKV, FULLCTX]
-FAMILY = [(CB8, TEXT), (CB8KV, TEXT), (CB8M, TEXT), (CB8, TEXTH), (CB8KV, TEXTH), (CB8M, TEXTH), (TEXTH, TEXT),
-          (CB8KV, CB8), (CB8M, CB8), (BM25, TEXT), (CB8, FULLCTX)]
+CB8T = "cacheback(ratio=8, encoding='token_ids')"  # the same selection sent as token ids (re-prefilled)
+CB8KVM = "cacheback(ratio=8, encoding='kv', mass=0.9)"  # attached K/V under the adaptive budget: the goal's contender
+PROTOCOLS = [TEXT, TEXTH, BM25, CB8, CB8T, CB8KV, CB8M, CB8KVM, FULLKV, FULLCTX]
+FAMILY = [(CB8, TEXT), (CB8KV, TEXT), (CB8M, TEXT), (CB8, TEXTH), (CB8KV, TEXTH), (CB8M, TEXTH), (CB8KVM, TEXTH),
+          (TEXTH, TEXT), (CB8KV, CB8), (CB8T, CB8), (CB8M, CB8), (CB8KVM, CB8KV), (BM25, TEXT), (CB8, FULLCTX)]
+GOAL = {"facts1_4000": 0.5}  # question-time median TTEOA of CacheBack (best delivery, adaptive) ÷ held text's
+CROSSOVER = [TEXTH, BM25, CB8, CB8KV, CB8M, CB8KVM, FULLKV, FULLCTX]  # the measured crossover's lines
 
 
 def groups_for(cell: str, n: int, seed: int) -> list[list]:
@@ -52,8 +59,10 @@ def groups_for(cell: str, n: int, seed: int) -> list[list]:
     return facts.follow_up_episodes(seed, n, tokens=int(cell.split("_")[1]))
 
 
-def run_cell(agent: Agent, folder: Path, groups: list[list], model: str, protocols: list[str]) -> None:
-    """Every group's questions in order, one HeldReads per group; records as the bench runner writes them."""
+def run_cell(agent: Agent, folder: Path, groups: list[list], model: str, protocols: list[str],
+             upto: int | None = None) -> None:
+    """Every group's questions in order, one HeldReads per group; records as the bench runner writes them.
+    `upto` stops after that many groups (every cell can reach a common n before any goes on)."""
     config = RunConfig(os.path.relpath(folder / "episodes.jsonl"), ",".join(protocols), model)
     resolved = config.resolved(agent)
     cfg_path, rec_path = folder / "config.json", folder / "records.jsonl"
@@ -63,7 +72,7 @@ def run_cell(agent: Agent, folder: Path, groups: list[list], model: str, protoco
     done = finished(rec_path, "episode")
     run_id = write_config(cfg_path, first, resolved, {"episodes": [e.id for g in groups for e in g]})["run"]
     with rec_path.open("a", encoding="utf-8") as f:
-        for i, group in enumerate(groups):
+        for i, group in enumerate(groups[:upto]):
             held = HeldReads()
             for turn, ep in enumerate(group):
                 with shared_reads(held):
@@ -94,16 +103,80 @@ def cell_rows(folder: Path) -> tuple[list[str], list[dict]]:
     return lines, comps
 
 
+def question_times(folder: Path) -> dict[str, list[float]]:
+    """Per protocol, the question-time TTEOA of every question (first and follow-up) that has one."""
+    _, records = read_run(folder)
+    out: dict[str, list[float]] = {}
+    for r in records:
+        if r.get("tteoa_question") is not None:
+            out.setdefault(r["protocol"], []).append(r["tteoa_question"])
+    return out
+
+
+def crossover(out: Path, cells: list[str]) -> list[str]:
+    """The measured crossover: median question-time TTEOA [95% CI] per protocol and document length, the
+    ratio to held text reports, and the goal check; plotted to crossover.png."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from latentwire.bench.metrics import bootstrap_median_ci
+
+    have = [c for c in cells if (out / c / "records.jsonl").exists()]
+    if not have:
+        return []
+    times = {c: question_times(out / c) for c in have}
+    tokens = {c: int(c.split("_")[1]) for c in have}
+    lines = ["## Measured crossover", "", "Median question-time TTEOA in seconds [95% bootstrap CI] over every "
+             "question of the cell (first and follow-ups), and its ratio to text reports from held documents "
+             f"(`{TEXTH}`); ![crossover](crossover.png)", "",
+             "| protocol | " + " | ".join(f"{tokens[c]:,} tokens" for c in have) + " |",
+             "|---|" + "---:|" * len(have)]
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    found = sorted({label for c in have for label in times[c]} - set(CROSSOVER))  # e.g. a --protocols run's own
+    for label in [p for p in CROSSOVER if any(p in times[c] for c in have)] + found:
+        cells_, xs, ys = [], [], []
+        for c in have:
+            v = times[c].get(label)
+            if not v:
+                cells_.append("—")
+                continue
+            m, lo, hi = bootstrap_median_ci(v)
+            ref = times[c].get(TEXTH)
+            ratio = f" (×{m / statistics.median(ref):.2f})" if ref and label != TEXTH else ""
+            cells_.append(f"{m:.2f} [{lo:.2f}, {hi:.2f}]{ratio}")
+            xs.append(tokens[c]), ys.append(m)
+        lines.append(f"| `{label}` | " + " | ".join(cells_) + " |")
+        if xs:
+            ax.plot(xs, ys, "o-", label=label)
+    ax.set(xscale="log", yscale="log", xlabel="tokens per sender (3 senders)", ylabel="median question-time TTEOA (s)",
+           title="Agents that hold their documents: time from the question")
+    if ax.lines:
+        ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "crossover.png", dpi=120)
+    plt.close(fig)
+    for cell, target in GOAL.items():
+        if cell in have and times[cell].get(CB8KVM) and times[cell].get(TEXTH):
+            ratio = statistics.median(times[cell][CB8KVM]) / statistics.median(times[cell][TEXTH])
+            lines += ["", f"Goal at {cell}: `{CB8KVM}` ÷ `{TEXTH}` median question-time TTEOA ≤ {target}: "
+                      f"measured ×{ratio:.2f}, **{'met' if ratio <= target else 'missed'}** (accuracy: the verdict "
+                      "rows below)."]
+    return lines
+
+
 def write_index(out: Path) -> None:
     lines = ["# Agents that already hold their documents", "",
              "One-hop `facts` fan-in (3 senders), Qwen2.5-Coder, three questions per set of documents. Question-time "
              "TTEOA leaves out each sender's query-blind read (prefill + latent steps), which a holding agent has "
              "done before the question; cold TTEOA includes it (follow-ups find their reads held, so for them the "
-             "two agree). Text reports have no question-time figure: their senders read the document with the "
-             "question (the prefix a holding agent could reuse is not reused yet).", "",
+             f"two agree). `{TEXT}` has no question-time figure (its senders read the document with the question); "
+             f"`{TEXTH}` is the text sender that holds its document and prefills only the question's turn.", "",
              "| cell | protocol | questions | n | accuracy [95% CI] | median question-time TTEOA s | "
              "median TTEOA s |", "|---|---|---|---:|---|---:|---:|"]
-    details = []
+    details = crossover(out, list(CELLS))
     for cell in CELLS:
         folder = out / cell
         if not (folder / "records.jsonl").exists():
@@ -126,6 +199,7 @@ def main() -> None:
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma-separated specs")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--upto", type=int, default=None, help="run each cell only up to this many groups")
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()
     cells = args.cells.split(",")
@@ -141,7 +215,7 @@ def main() -> None:
             ensure_episodes(folder / "episodes.jsonl", [e for g in groups for e in g])
             log_command(folder, cmd)
             agent = agent or Agent.from_pretrained(args.model, dtype=args.dtype)
-            run_cell(agent, folder, groups, args.model, _split(args.protocols))
+            run_cell(agent, folder, groups, args.model, _split(args.protocols), args.upto)
         if (folder / "records.jsonl").exists():
             write_report(folder, FAMILY)
     write_index(args.out)

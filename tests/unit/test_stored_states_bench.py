@@ -48,3 +48,5 @@ def test_a_cell_reads_each_group_once_and_records_both_timings(tmp_path, monkeyp
     stored_states.write_index(tmp_path)
     page = (tmp_path / "README.md").read_text()
     assert "| facts1_500 | `cacheback(ratio=4, latent_steps=1)` | follow-up | 4 |" in page
+    assert "## Measured crossover" in page and (tmp_path / "crossover.png").stat().st_size > 0
+    assert "| `cacheback(ratio=4, latent_steps=1)` | " in page.split("## Measured crossover")[1]  # its own row
