@@ -192,7 +192,8 @@ class Agent:
     @torch.inference_mode()
     def think(self, state: KVState, steps: int, mode: str = "rescale", full_history: bool = False) -> KVState:
         """Run `steps` latent steps: the last hidden state, mapped back to the input space, is the next input.
-        With `full_history` (the state must hold every row on its sliding layers) the latent rows keep theirs too."""
+        With `full_history` (the state must hold every row on its sliding layers) the latent rows keep theirs too;
+        with no steps the state is returned as it is."""
         if steps < 0:
             raise ValueError(f"latent steps must be ≥ 0, got {steps}")
         if mode not in LATENT_MODES:
@@ -235,7 +236,7 @@ class Agent:
         reads its input after the previous agents' state and thinks on."""
         t0 = self._clock()
         self.geometry.check_same(state.geometry)
-        ids = self.tokenizer(self.continuation_text(user), add_special_tokens=False)["input_ids"]
+        ids = self.turn_ids(user)
         self.check_window(state=len(state), prompt=len(ids))
         compact = state.compact()  # rows at 0..T-1: the turn continues at position T
         cache = compact.to_cache()
@@ -257,7 +258,7 @@ class Agent:
         document it read before the question came): only the turn is prefilled (`continuation_text`)."""
         t0 = self._clock()
         self.geometry.check_same(state.geometry)
-        ids = self.tokenizer(self.continuation_text(user), add_special_tokens=False)["input_ids"]
+        ids = self.turn_ids(user)
         self.check_window(state=len(state), prompt=len(ids), max_new_tokens=max_new_tokens)
         own = state.compact()
         return self._generate(t0, own.to_cache(), len(own), {"ids": self.ids(ids)}, len(own), len(ids), max_new_tokens)
@@ -323,8 +324,11 @@ class Agent:
     # -- helpers ----------------------------------------------------------------------------
     def kv_prompt_ids(self, question: str) -> list[int]:
         """Token ids that follow a full-KV message: the continuation (below) asking `question`."""
-        return self.tokenizer(self.continuation_text(KV_PROMPT.format(question=question)),
-                              add_special_tokens=False)["input_ids"]
+        return self.turn_ids(KV_PROMPT.format(question=question))
+
+    def turn_ids(self, user: str) -> list[int]:
+        """Token ids of a new user turn after an open assistant turn (`continuation_text`)."""
+        return self.tokenizer(self.continuation_text(user), add_special_tokens=False)["input_ids"]
 
     def continuation_text(self, question: str) -> str:
         """Template text that closes the open assistant turn a message ends in, then asks `question`.

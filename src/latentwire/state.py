@@ -3,7 +3,8 @@
 A state is a sequence of T logical rows at strictly increasing absolute positions. Each row is a
 prompt token (its id) or a latent step (id -1, its input embedding kept in `latents`). Every layer
 holds keys/values for the rows it caches: global layers hold all T, sliding-window layers only the
-rows they still need (at most the last `window - 1`, as transformers' DynamicSlidingWindowLayer).
+rows they still need (at most the last `window - 1`, as transformers' DynamicSlidingWindowLayer), or
+every row after a full-history read (`Agent.prefill(..., full_history=True)`).
 Keys carry RoPE at their row's position; moving rows re-rotates keys exactly (see `rope.py`).
 
 Operations return new states; nothing is mutated in place.

@@ -148,3 +148,5 @@ def test_variant_names():
     assert deep.selector_params == {"p": 0.0, "min_depth": 0.5} and deep._selector.min_depth == 0.5
     with pytest.raises(UnknownNameError, match="valid: deep"):
         CacheBack.variant("cacheback@shallow")
+    merged = CacheBack.variant("cacheback@deep", selector_params={"p": 1.0})  # explicit parameters win, preset kept
+    assert merged.selector_params == {"p": 1.0, "min_depth": 0.5}

@@ -32,13 +32,13 @@ def test_inside_a_block_a_read_is_computed_once_and_charged_its_measured_time(ag
     with shared_reads() as memo:
         first = read(agent, DOC, 2, "rescale")
         again = read(agent, DOC, 2, "rescale")
-        other_g = read(agent, DOC, 0, "rescale")  # another G: its own state, the same prefill
+        other_g = read(agent, DOC, 0, "rescale")  # G = 0: its state is the prefill G = 2 computed
         other_doc = read(agent, DOC + " More.", 2, "rescale")
         assert again.state is first.state and again.shared and not first.shared
         assert again.seconds == first.seconds > 0
-        assert len(other_g.state) == len(first.state) - 2 and not other_g.shared
+        assert len(other_g.state) == len(first.state) - 2 and other_g.shared and 0 < other_g.seconds < first.seconds
         assert _prefills(agent) == 2  # DOC once (shared by G = 2 and G = 0), the other document once
-        assert other_doc.state is not first.state and len(memo) == 5  # 2 prefills + 3 states
+        assert other_doc.state is not first.state and len(memo) == 4  # 2 prefills (G = 0's state) + 2 states
     assert len(memo) == 0  # a block keeps nothing once it closes
     assert not read(agent, DOC, 2, "rescale").shared
 
@@ -280,11 +280,12 @@ def test_held_text_reports_read_each_document_once_and_have_a_question_time(agen
         first = text.run([agent] * 2, docs, agent, "Where did Ada lead Orion?")
         cb = get_protocol("cacheback", ratio=2, latent_steps=0, max_new_tokens=2).run(
             [agent] * 2, docs, agent, "Where did Ada lead Orion?")
-    # per document one prefill and its G = 0 state; CacheBack at G = 0 reused text's reads
-    assert held.reads_computed == 4 and cb.details["senders"][0]["shared_read"]
+    # per document one prefill, which is its G = 0 state; CacheBack at G = 0 reused text's reads
+    assert held.reads_computed == 2 and cb.details["senders"][0]["shared_read"]
+    assert held.nbytes == sum(read(agent, "Read this document.\n\n" + d, 0, "rescale").state.nbytes for d in docs)
     with shared_reads(held):
         warm = text.run([agent] * 2, docs, agent, "Where did Bo lead Vega?")
-    assert held.reads_computed == 4  # no new read for the second question
+    assert held.reads_computed == 2  # no new read for the second question
     assert min(first.read_seconds) > 0 and first.question_tteoa < first.tteoa
     assert warm.read_seconds == (0.0, 0.0) and warm.question_tteoa == pytest.approx(warm.tteoa)
     by_hand = agent.answer_after(agent.prefill("Read this document.\n\n" + docs[1]),
@@ -313,3 +314,57 @@ def test_a_read_that_cannot_be_held_is_refused_before_any_compute(agent_for, arc
         with shared_reads(held):
             read(agent, long_doc, 2, "rescale")
     assert len(agent.calls) == before and not held.memo
+
+
+def test_a_read_without_latent_steps_is_held_once_and_fits_a_bound_of_its_own_size(agent_for):
+    """G = 0: the finished state is the prefill itself, held (and counted) once."""
+    from latentwire.protocols.reads import read_bytes
+
+    agent = agent_for("qwen2")
+    size = read_bytes(agent, len(agent.chat_ids(DOC)))
+    held = HeldReads(max_bytes=size)
+    with shared_reads(held):
+        r = read(agent, DOC, 0, "rescale")
+    assert held.nbytes == r.state.nbytes == size and held.reads_computed == 1 and not held.dropped
+    with shared_reads(held):
+        again = read(agent, DOC, 0, "rescale")
+    assert again.held and again.seconds == 0.0 and again.state is r.state
+
+
+def test_held_text_refuses_an_overflowing_report_before_any_sender_reads(agent_for):
+    """text (held or not) checks every sender's document, question turn and report budget against its window
+    before the first sender computes anything."""
+    from latentwire.errors import ContextOverflowError
+
+    agent = agent_for("llama")
+    docs = ["Ada led Orion in Lisbon.", "Bo led Vega in Oslo. " * 40]
+    agent.context_window = len(agent.chat_ids("Read this document.\n\n" + docs[1])) + 5
+    for spec in (dict(read="held"), {}):
+        before = len(agent.calls)
+        with pytest.raises(ContextOverflowError):
+            with shared_reads(HeldReads()):
+                get_protocol("text", max_report_tokens=8, **spec).run([agent] * 2, docs, agent, "Where is Ada?")
+        assert len(agent.calls) == before, spec
+
+
+def test_report_kinds_have_a_turn_for_held_reads():
+    from latentwire.protocols.text import REPORT_PROMPTS, REPORT_TURNS
+
+    assert REPORT_TURNS.keys() == REPORT_PROMPTS.keys()
+
+
+def test_kv_and_rows_senders_on_gemma3_keep_separate_reads_in_one_block(agent_for):
+    """A kv sender's full-history read is its own entry: the rows sender in the same block still gets the
+    windowed read, and each is charged the read it used."""
+    agent = agent_for("gemma3")
+    docs, q = ["The blue crate holds 58 bolts. The red crate holds 12 nails. Ada is here today."], "How many bolts?"
+    with shared_reads() as memo:
+        rows = get_protocol("cacheback", ratio=2, latent_steps=1, max_new_tokens=1).run([agent], docs, agent, q)
+        kv = get_protocol("cacheback", ratio=2, latent_steps=1, max_new_tokens=1, encoding="kv").run(
+            [agent], docs, agent, q)
+        states = [v[0] for v in memo.values()]
+    assert len(states) == 4 and _prefills(agent) == 2  # a windowed and a full-history prefill, each with its G = 1
+    window = agent.geometry.sliding_window
+    held_rows = sorted({len(s.layers[0].positions) for s in states})  # layer 0 is a sliding layer
+    assert held_rows[0] == window - 1 and held_rows[-1] == len(states[-1])
+    assert not rows.details["senders"][0]["shared_read"] and not kv.details["senders"][0]["shared_read"]

@@ -32,7 +32,7 @@ class Outcome:
     kept_spans: tuple[tuple[tuple[int, int], ...], ...] | None = None
     # Per sender, the part of its seconds spent reading its document before any question (a query-blind prefill +
     # latent steps): what an agent that already holds its document has done. () for no senders; None where the
-    # protocol's senders read their documents with the question (text reports, query-aware reads).
+    # protocol's senders read their documents with the question (text reports unless read="held", query-aware reads).
     read_seconds: tuple[float, ...] | None = None
     # Receiver seconds spent decoding after its first answer token was chosen: the answer's length. None = not
     # recorded. TTEOA − this = time to first token (`ttft`), which compares protocols whose answers differ in length.

@@ -170,7 +170,7 @@ class CacheBack(Protocol):
             raise UnknownNameError("span mode suffix", mode, ["sentence"])
         if at and preset not in SCORING_PRESETS:
             raise UnknownNameError("scoring preset", preset, SCORING_PRESETS)
-        params = dict(SCORING_PRESETS[preset]) if at else {}
+        params = (dict(SCORING_PRESETS[preset]) if at else {}) | fields.pop("selector_params", {})
         return cls(selector=selector, calibration=calibration or "none", span_mode=mode or "fixed",
                    **({"selector_params": params} if params else {}) | fields)
 

@@ -91,8 +91,9 @@ class HeldReads:
             self.reads_computed += 1
 
     def check_fits(self, needed: int) -> None:
-        """HeldMemoryError unless a new read of about `needed` bytes fits the bound on its own (older reads are
-        dropped to make room; `max_bytes = 0` holds nothing and refuses nothing)."""
+        """HeldMemoryError unless a new read of about `needed` bytes fits the bound on its own; `read` asks before
+        that read computes (each sender in turn). Older reads make room when the question's block ends (`_fit`), so
+        within one block the held bytes may exceed the bound. `max_bytes = 0` holds nothing and refuses nothing."""
         if 0 < self.max_bytes < needed:
             raise HeldMemoryError(needed, self.max_bytes)
 
@@ -151,7 +152,7 @@ def read(sender: Agent, prompt: str, latent_steps: int, latent_mode: str, full_h
         return Read(state, time.perf_counter() - t0, False)
     held = _HELD.get()
     who = (id(sender), sender.model_name, str(sender.dtype), str(sender.device), prompt) + (("full",) if full else ())
-    key = who + (latent_steps, latent_mode)
+    key = who + (latent_steps, latent_mode) if latent_steps else who  # G = 0: the finished state is the prefill
     if key in memo:
         state, seconds = memo[key]
         if held is None:
@@ -160,10 +161,10 @@ def read(sender: Agent, prompt: str, latent_steps: int, latent_mode: str, full_h
         held.served_held += was_held
         return Read(state, charged, not was_held, was_held)
     put = memo.__setitem__ if held is None else held._add
-    if held is not None:  # refused before any compute: the prefill and the finished state are both held
+    if held is not None:  # refused before this read computes: the prefill and the finished state are both held
         rows = len(sender.chat_ids(prompt))
-        held.check_fits(read_bytes(sender, rows, full) * (who not in memo) + read_bytes(sender, rows + latent_steps,
-                                                                                       full))
+        held.check_fits(read_bytes(sender, rows, full) * (who not in memo)
+                        + (read_bytes(sender, rows + latent_steps, full) if latent_steps else 0))
     if who in memo:  # the prefill is shared between latent-step counts and modes
         prefilled, prefill_s = memo[who]
         if held is not None:
@@ -173,6 +174,8 @@ def read(sender: Agent, prompt: str, latent_steps: int, latent_mode: str, full_h
         prefilled = sender.prefill(prompt, full_history=full)
         prefill_s = time.perf_counter() - t0
         put(who, (prefilled, prefill_s))
+        if not latent_steps:
+            return Read(prefilled, prefill_s, False)
     t0 = time.perf_counter()
     state = sender.think(prefilled, latent_steps, latent_mode, full)
     seconds = prefill_s + time.perf_counter() - t0

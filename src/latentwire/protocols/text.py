@@ -68,7 +68,20 @@ class Text(Protocol):
             return self.max_report_tokens
         return math.ceil(len(sender.chat_ids(SENDER_PROMPT.format(document=document))) / self.ratio)
 
+    def check_window(self, senders: Sequence[Agent], documents: Sequence[str], question: str) -> None:
+        """ContextOverflowError, before any sender reads, unless each sender's report fits its window: its prompt
+        (held: the document's read, then the question's turn) and the report's token budget."""
+        for sender, doc in self._pair(senders, documents):
+            if self.read == "held":
+                sender.check_window(document=len(sender.chat_ids(SENDER_PROMPT.format(document=doc))),
+                                    prompt=len(sender.turn_ids(REPORT_TURNS[self.report].format(question=question))),
+                                    max_new_tokens=self.report_budget(sender, doc))
+            else:
+                prompt = REPORT_PROMPTS[self.report].format(document=doc, question=question)
+                sender.check_window(prompt=len(sender.chat_ids(prompt)), max_new_tokens=self.report_budget(sender, doc))
+
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
+        self.check_window(senders, documents, question)
         reports, seconds, budgets, used, shared, reads = [], [], [], [], [], []
         for sender, doc in self._pair(senders, documents):
             t0 = time.perf_counter()
