@@ -271,6 +271,8 @@ def test_a_full_history_read_keeps_every_row_on_sliding_layers_and_computes_the_
     forward into plain cache layers; where the windowed read holds a row, both agree; latent steps continue it."""
     from transformers.cache_utils import DynamicCache, DynamicLayer
 
+    from latentwire.models.compat import cache_arg
+
     agent = agent_for("gemma3")
     prompt = CacheBack().sender_prompt(DOC, None)
     windowed, full = agent.prefill(prompt), agent.prefill(prompt, full_history=True)
@@ -279,7 +281,8 @@ def test_a_full_history_read_keeps_every_row_on_sliding_layers_and_computes_the_
     ids = torch.tensor([agent.chat_ids(prompt)])
     cache = DynamicCache()
     cache.layers = [DynamicLayer() for _ in agent.geometry.layer_types]
-    model_for("gemma3").model(input_ids=ids, past_key_values=cache, use_cache=True)  # by hand: nothing dropped
+    decoder = model_for("gemma3").model
+    decoder(input_ids=ids, **cache_arg(decoder, cache), use_cache=True)  # by hand: nothing dropped
     for i, kind in enumerate(agent.geometry.layer_types):
         a, b = windowed.layers[i], full.layers[i]
         assert len(b.positions) == T and torch.allclose(b.keys, cache.layers[i].keys[0], atol=1e-5)
