@@ -251,8 +251,10 @@ def write_index(out: Path, cells: list[str], n: int, seed: int) -> None:
         if not (folder / "records.jsonl").exists():
             lines.append(f"| {cell} | not run yet |")
             continue
-        _, comps, acc = cell_summary(folder)
         config, _ = read_run(folder)
+        if not (folder / "report.md").exists():  # a cell another call started: its report, so the link resolves
+            write_report(folder, [p for p in FAMILY if p[0] in config["config"]["protocols"]])
+        _, comps, acc = cell_summary(folder)
         environments.add(f"{config['config']['dtype']} on {hardware(config['environment'])}")
         lines.append(winner_row(cell, comps, acc))
         eps = load_episodes(folder / "episodes.jsonl")
