@@ -284,6 +284,8 @@ def main() -> None:
     ap.add_argument("--skip-recall", action="store_true", help="only the end-to-end pass")
     ap.add_argument("--report-only", action="store_true", help="rewrite the reports from the records")
     args = ap.parse_args()
+    if args.upto is not None and args.upto < 1:
+        sys.exit(f"--upto must be ≥ 1, got {args.upto}")
     cells = args.cells.split(",")
     unknown = sorted(set(cells) - set(CELLS))
     if unknown:

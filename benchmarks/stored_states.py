@@ -202,6 +202,8 @@ def main() -> None:
     ap.add_argument("--upto", type=int, default=None, help="run each cell only up to this many groups")
     ap.add_argument("--report-only", action="store_true")
     args = ap.parse_args()
+    if args.upto is not None and args.upto < 1:
+        sys.exit(f"--upto must be ≥ 1, got {args.upto}")
     cells = args.cells.split(",")
     if unknown := sorted(set(cells) - set(CELLS)):
         sys.exit(f"unknown cells {unknown}; valid: {', '.join(CELLS)}")
