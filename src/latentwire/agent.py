@@ -257,11 +257,14 @@ class Agent:
         """Greedy answer to a new user turn after a state this agent holds (an open assistant turn, e.g. a
         document it read before the question came): only the turn is prefilled (`continuation_text`)."""
         t0 = self._clock()
+        return self._generate(t0, *self._after_state(state, self.turn_ids(user), max_new_tokens), max_new_tokens)
+
+    def _after_state(self, state: KVState, ids: list[int], max_new_tokens: int):
+        """`_receiver_input` for a prompt `ids` that continues a state: the state is the cache's prefix."""
         self.geometry.check_same(state.geometry)
-        ids = self.turn_ids(user)
-        self.check_window(state=len(state), prompt=len(ids), max_new_tokens=max_new_tokens)
-        own = state.compact()
-        return self._generate(t0, own.to_cache(), len(own), {"ids": self.ids(ids)}, len(own), len(ids), max_new_tokens)
+        self.check_window(message=len(state), prompt=len(ids), max_new_tokens=max_new_tokens)
+        own = state.compact().to(self.device, self.dtype)  # e.g. a float32 translator's rows for a bf16 receiver
+        return own.to_cache(), len(own), {"ids": self.ids(ids)}, len(own), len(ids)
 
     def _generate(self, t0: float, cache: DynamicCache, start: int, inputs: dict, n_msg: int, prompt_tokens: int,
                   max_new_tokens: int) -> Answer:
@@ -303,11 +306,7 @@ class Agent:
         if not isinstance(question, str):
             raise TypeError("with a message, the question must be a string")
         if isinstance(message, KVState):  # full KV: the state is the prefix, the prompt continues after it
-            self.geometry.check_same(message.geometry)
-            ids = self.kv_prompt_ids(question)
-            self.check_window(message=len(message), prompt=len(ids), max_new_tokens=max_new_tokens)
-            own = message.compact().to(self.device, self.dtype)  # e.g. a float32 translator's rows for a bf16 receiver
-            return own.to_cache(), len(message), {"ids": self.ids(ids)}, len(message), len(ids)
+            return self._after_state(message, self.kv_prompt_ids(question), max_new_tokens)
         pre, post = self._slot_split(question)
         if isinstance(message, Rows):  # continuous rows, re-prefilled inside the template slot
             self._check_rows(message)
