@@ -54,7 +54,6 @@ def test_a_graph_answers_as_the_protocol_and_a_follow_up_by_handle_reads_nothing
         [agents[s] for s in DOCS], list(DOCS.values()), agents["r"], "How many bolts?")
     assert second["answer"] == again.answer and second["reads"] == first["reads"]
     assert second["latentwire"]["reads_computed"] == 0 and second["latentwire"]["held_reads"] == 3
-    assert max(second["latentwire"]["sender_seconds"]) < max(meta["sender_seconds"])  # question time: no read
     json.dumps(app.get_state(thread).values)  # the checkpointed state is plain JSON
 
 
