@@ -3,6 +3,7 @@
     python benchmarks/train_translators.py [--pairs gemma3-270m:smollm2-135m,...]
                                            [--methods xkv,lcfx,dense,dense_aware,c2c,c2c_input]
                                            [--steps 500] [--steps-for c2c=300] [--batch 2] [--threads 2]
+                                           [--sharer-docs own|shuffled|blank]
 
 Pairs (sharer:receiver) default to the grid of docs/results/translators/: three ordered pairs covering
 the three families plus one same-model pair; the grid is meant to be filled one pair per sitting
@@ -11,7 +12,9 @@ context-unaware and context-aware (`dense_aware`), C2C with its static gate and 
 gate (`c2c_input`). Each run trains on both split-evidence tasks (facts two-hop, reasoning premise split)
 for `--steps` answer-loss steps (dense first adds steps // 3 of stage-I cache reconstruction) into
 runs/translators/<method>_<sharer>_<receiver>/ (checkpoint, optimizer, trainer.json with the wall time)
-and draws its loss curves to loss.png there.
+and draws its loss curves to loss.png there. `--sharer-docs shuffled|blank` trains the no-sharer control
+instead (docs/methods.md#translators) into runs/translators/<method>_<control>_<sharer>_<receiver>/;
+benchmarks/translator_controls.py trains and evaluates a pair's methods beside their controls.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ import torch
 from latentwire.agent import Agent
 from latentwire.errors import ConfigError
 from latentwire.training.states import StateCache
-from latentwire.training.trainer import TrainConfig, resumable, train
+from latentwire.training.trainer import SHARER_DOCS, TrainConfig, resumable, train
 
 ROOT = Path(__file__).resolve().parents[1]
 PAIRS = "gemma3-270m:smollm2-135m,qwen2.5-coder-0.5b:gemma3-270m,smollm2-135m:gemma3-270m,smollm2-135m:smollm2-135m"
@@ -49,18 +52,21 @@ def median(xs):
 LR = {"xkv": 1e-3, "lcfx": 1e-3, "dense": 3e-3, "dense_aware": 3e-3, "c2c": 1e-3, "c2c_input": 1e-3}
 
 
-def run_dir(method: str, sharer: str, receiver: str) -> Path:
-    return ROOT / "runs" / "translators" / f"{method}_{sharer}_{receiver}"
+def run_dir(method: str, sharer: str, receiver: str, control: str = "own") -> Path:
+    """A run's folder; a no-sharer control (`control` "shuffled" or "blank") names itself after the method."""
+    name = method if control == "own" else f"{method}_{control}"
+    return ROOT / "runs" / "translators" / f"{name}_{sharer}_{receiver}"
 
 
-def config(method: str, sharer: str, receiver: str, steps: int, batch: int) -> TrainConfig:
+def config(method: str, sharer: str, receiver: str, steps: int, batch: int, control: str = "own",
+           dtype: str | None = None) -> TrainConfig:
     dense = method.startswith("dense")
     stage1 = steps // 3 if dense else 0  # dense: cache reconstruction first, then the answer loss
     base = "dense" if dense else method.removesuffix("_input")
     return TrainConfig(base, sharer, receiver, train_n=160, val_n=6, steps=steps + stage1, batch=batch,
                        lr=LR[method], lr_schedule="cosine", stage1_steps=stage1, eval_every=max(1, (steps + stage1) // 5),
                        context_aware=method == "dense_aware",
-                       params={"gate": "input"} if method == "c2c_input" else {})
+                       params={"gate": "input"} if method == "c2c_input" else {}, sharer_docs=control, dtype=dtype)
 
 
 def method_steps(methods: list[str], steps: int, steps_for: str) -> dict[str, int]:
@@ -110,6 +116,8 @@ def main() -> None:
     ap.add_argument("--steps-for", default="", help="per-method answer-loss steps, e.g. c2c=300")
     ap.add_argument("--batch", type=int, default=2)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--sharer-docs", default="own", choices=SHARER_DOCS,
+                    help="own, or a no-sharer control: shuffled / blank sharer documents")
     args = ap.parse_args()
     unknown = sorted(set(args.methods.split(",")) - set(LR))
     if unknown:
@@ -121,16 +129,17 @@ def main() -> None:
     except ConfigError as e:
         ap.error(str(e))
     pairs = [spec.split(":") for spec in args.pairs.split(",")]
-    runs = [(m, s, r, config(m, s, r, steps[m], args.batch)) for m in methods for s, r in pairs]
+    control = args.sharer_docs
+    runs = [(m, s, r, config(m, s, r, steps[m], args.batch, control)) for m in methods for s, r in pairs]
     for method, sharer, receiver, cfg in runs:  # a folder holding another configuration stops us before any training
         try:
-            resumable(cfg, run_dir(method, sharer, receiver))
+            resumable(cfg, run_dir(method, sharer, receiver, control))
         except ConfigError as e:
             sys.exit(f"{method} {sharer} -> {receiver}: {e}")
     agents = {name: Agent.from_pretrained(name) for name in dict.fromkeys(n for pair in pairs for n in pair)}
     cache = StateCache()
     for method, sharer, receiver, cfg in runs:  # method-major: every pair gets XKV before anything gets C2C
-        folder = run_dir(method, sharer, receiver)
+        folder = run_dir(method, sharer, receiver, control)
         hits, misses = cache.hits, cache.misses
         train(cfg, folder, agents[sharer], agents[receiver], cache)
         plot(folder)

@@ -47,7 +47,7 @@ def row_of(name: str, params: dict, sharer: str, receiver: str) -> str:
 
 
 def collect(grid: Path) -> dict:
-    """{(pair, task): {row: {"acc": {pair_id: 0/1}, "tteoa": [...], "ms": [...], "params": int|None,
+    """{(pair, task): {row: {"acc": {pair_id: 0/1}, "tteoa": [...], "ttft": [...], "ms": [...], "params": int|None,
     "errors": int}}} over every cell folder in `grid`, and the cells' n."""
     cells = {}
     for cfg_path in sorted(grid.glob("*/config.json")):
@@ -57,13 +57,14 @@ def collect(grid: Path) -> dict:
         rows: dict[str, dict] = {}
         for line in (cfg_path.parent / "records.jsonl").read_text(encoding="utf-8").splitlines():
             r = json.loads(line)
-            row = rows.setdefault(label_row[r["protocol"]], {"acc": {}, "em": {}, "tteoa": [], "ms": [],
+            row = rows.setdefault(label_row[r["protocol"]], {"acc": {}, "em": {}, "tteoa": [], "ttft": [], "ms": [],
                                                               "params": None, "errors": 0})
             row["acc"][r["pair"]] = float(r["accuracy"])
             row["em"][r["pair"]] = float(r["em"])
             row["errors"] += bool(r.get("error"))
-            if r.get("tteoa") is not None:
-                row["tteoa"].append(r["tteoa"])
+            for key in ("tteoa", "ttft"):  # ttft: absent from records made before the field
+                if r.get(key) is not None:
+                    row[key].append(r[key])
             details = r.get("details") or {}
             if details.get("translator_ms") is not None:
                 row["ms"].append(details["translator_ms"])

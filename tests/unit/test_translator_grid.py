@@ -159,3 +159,49 @@ def test_steps_per_method_keep_variants_equal(monkeypatch):
     assert (cfg.method, cfg.params, cfg.lr_schedule, cfg.steps) == ("c2c", {"gate": "input"}, "cosine", 300)
     dense = config("dense_aware", "a", "b", 300, 2)
     assert (dense.stage1_steps, dense.steps, dense.context_aware) == (100, 400, True)
+
+
+def test_controls_train_beside_their_methods_and_the_page_reads_transfer(tmp_path, monkeypatch):
+    """benchmarks/translator_controls.py on a tiny pair: the method and its shuffled-sharer control train into
+    separate folders (the control's training pairs lose their own sharer documents), both answer the same
+    held-out pairs, and the page's verdicts pair method with control; a rerun adds no record."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import translator_controls as tc
+    import translators
+    from latentwire.training.trainer import TrainConfig
+
+    def run_dir(m, s, r, c="own"):
+        return tmp_path / "runs" / f"{m if c == 'own' else f'{m}_{c}'}_{s}_{r}"
+
+    made = []
+
+    def config(m, s, r, steps, batch, c="own"):
+        made.append(TrainConfig(m, s, r, tasks=("reasoning",), train_n=2, val_n=2, steps=1, batch=1, eval_every=1,
+                                sharer_docs=c))
+        return made[-1]
+
+    for module in (tc, translators):
+        monkeypatch.setattr(module, "ROOT", tmp_path)
+    monkeypatch.setattr(tc, "run_dir", run_dir)
+    monkeypatch.setattr(tc, "config", config)
+    argv = ["--pair", "tiny-gemma3:tiny-llama", "--methods", "xkv", "--tasks", "reasoning", "--n", "2",
+            "--threads", "1", "--out", str(tmp_path / "out")]
+    tc.main(argv)
+    assert {c.sharer_docs for c in made} == {"own", "shuffled"}
+    for name in ("xkv_tiny-gemma3_tiny-llama", "xkv_shuffled_tiny-gemma3_tiny-llama"):
+        assert (tmp_path / "runs" / name / "translator.safetensors").exists()
+        log = json.loads((tmp_path / "out" / "training" / f"{name}.json").read_text())
+        assert log["config"]["sharer_docs"] == ("shuffled" if "shuffled" in name else "own")
+    cell = tmp_path / "out" / "tiny-gemma3_tiny-llama_reasoning"
+    records = (cell / "records.jsonl").read_text().splitlines()
+    assert len(records) == 4 * 2  # alone, t2t, xkv, its control × 2 held-out pairs
+    assert all(json.loads(r)["ttft"] is not None for r in records)
+    pins = json.loads((cell / "checkpoints.json").read_text())
+    assert set(pins) == {"xkv", "xkv_shuffled"} and pins["xkv"]["sha256"] != pins["xkv_shuffled"]["sha256"]
+    page = (tmp_path / "out" / "README.md").read_text()
+    assert "| xkv_shuffled | " in page and "| xkv transfers (method − its control) | xkv − xkv_shuffled |" in page
+    assert "median ttft s" in page and "Holm–Bonferroni" in page
+    result = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert [v["claim"] for v in result["verdicts"]][0] == "xkv transfers (method − its control)"
+    tc.main(argv)  # resumes: trained runs are kept, no pair runs twice
+    assert (cell / "records.jsonl").read_text().splitlines() == records
