@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_translators import LR, config, method_steps, plot, run_dir  # noqa: E402
 from translators import ROOT, agent, pin_checkpoints  # noqa: E402
-from translators_report import METHOD_ROW, collect, decide, macro, median, paired  # noqa: E402
+from translators_report import METHOD_ROW, cell_runs, collect, decide, macro, median, paired  # noqa: E402
 
 from latentwire.bench.metrics import holm  # noqa: E402
 from latentwire.bench.pair_runner import run_pairs  # noqa: E402
@@ -138,7 +138,15 @@ def page(out: Path, methods: list[str], control: str, command: str) -> dict:
         if v["holm"] <= 0.05:
             diff = f"**{diff}**"
         lines.append(f"| {claim} | {a} − {b} | {diff} | {v['p']:.3g} | {v['holm']:.3g} | {decide(v)} |")
-    lines += ["", holm_note(len(found))]
+    lines += ["", holm_note(len(found)), "", "## How it ran", ""]
+    lines += [f"- {task}: {how}" for (_, task), (_, how) in sorted(cell_runs(out).items())]
+    lines += ["", "Training runs (validation answer loss on each run's own validation pairs: a control's are "
+              "its shuffled or blank ones, so the losses compare runs, not transfer):", "",
+              "| run | steps | parameters | minutes | validation loss first → last |", "|---|---:|---:|---:|---|"]
+    for path in sorted((out / "training").glob("*.json")):
+        log = json.loads(path.read_text())
+        lines.append(f"| {path.stem} | {log['step']} | {log['parameters']:,d} | {log.get('seconds', 0) / 60:.1f} | "
+                     f"{log['val'][0][1]:.3f} → {log['val'][-1][1]:.3f} |")
     (out / "README.md").write_text("\n".join(lines) + "\n")
     result = {"command": command, "control": control, "rows": table,
               "verdicts": [{"a": a, "b": b, "claim": c} | v for a, b, c, v in found]}
