@@ -50,3 +50,20 @@ def test_a_cell_reads_each_group_once_and_records_both_timings(tmp_path, monkeyp
     assert "| facts1_500 | `cacheback(ratio=4, latent_steps=1)` | follow-up | 4 |" in page
     assert "## Measured crossover" in page and (tmp_path / "crossover.png").stat().st_size > 0
     assert "| `cacheback(ratio=4, latent_steps=1)` | " in page.split("## Measured crossover")[1]  # its own row
+
+
+def test_the_aggregation_cell_asks_for_notes_and_checks_its_own_goal(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import stored_states as ss
+
+    groups = ss.groups_for("aggregate_2000", 3, 0)
+    assert [len(g) for g in groups] == [1, 1, 1] and all(g[0].task == "aggregate" for g in groups)
+    assert all(len(g[0].evidence) >= 6 and min(g[0].meta["approx_tokens"]) > 1700 for g in groups)
+    family = ss.family_for("aggregate_2000")
+    assert (ss.CB8KVM, "text(report='notes', read='held')") in family and ss.TEXTH not in {a for p in family for a in p}
+    assert ss.family_for("facts1_500") == ss.FAMILY
+    times = {"aggregate_2000": {ss.CB8KVM: [1.0, 1.2], "text(report='notes', read='held')": [4.0, 4.4]},
+             "facts1_4000": {ss.CB8KVM: [3.0], ss.TEXTH: [4.0]}}
+    text = "\n".join(ss.goal_lines(times))
+    assert "Goal at aggregate_2000" in text and "≤ 0.33: measured ×0.26, **met**" in text
+    assert "Goal at facts1_4000" in text and "≤ 0.5: measured ×0.75, **missed**" in text

@@ -215,3 +215,21 @@ def test_aggregate_parts_spread_over_senders_and_no_question_word(fresh):
             assert not set(terms(e.question)) & set(terms(ev)), (e.id, ev)  # stemmed (BM25's terms) too
             assert ev.split()[0] in FIRST or ev.split()[2] in FIRST  # by full name
     assert parts == {3: 48, 4: 48, 5: 24}
+
+
+def test_long_aggregate_states_several_facts_per_sender_and_keeps_the_default():
+    from latentwire.bench.tasks import aggregate
+    from latentwire.errors import ConfigError
+
+    long = aggregate.generate(5, 12, tokens=1200, per_sender=2)
+    assert [e.contexts for e in long] == [e.contexts for e in aggregate.generate(5, 12, tokens=1200, per_sender=2)]
+    for e in long:
+        per_sender = collections.Counter(s.agent for s in e.evidence)
+        assert sorted(per_sender.values())[0] >= 2 and max(per_sender.values()) <= 3 and len(e.answers) == len(e.evidence)
+        assert all(1000 < t < 1400 for t in e.meta["approx_tokens"]), e.meta
+        for span, part in zip(e.evidence, e.answers.values()):  # each part's value is in its evidence sentence
+            assert any(a in e.contexts[span.agent][span.start:span.end] for a in part), (e.id, part)
+    # the default (the shipped task's episodes) is unchanged by the new arguments
+    assert [e.contexts for e in aggregate.generate(1, 6)] == [e.contexts for e in aggregate.generate(1, 6, 330, 1)]
+    with pytest.raises(ConfigError, match="per_sender"):
+        aggregate.generate(1, 2, per_sender=0)

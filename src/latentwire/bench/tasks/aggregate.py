@@ -7,11 +7,16 @@ and at least one in every sender; every other person sentence in the contexts st
 part per stating person (`strict` accuracy needs all of them). The question is a collective paraphrase: it
 shares no content word with any evidence sentence, and names nobody, so word overlap has nothing to hold on
 to, and no single sender can answer alone.
+
+`generate(..., tokens=T, per_sender=m)` makes the long form that agents holding their documents are measured on
+(benchmarks/stored_states.py): ~T tokens per sender and m to m + 1 stating people in each, so a correct text
+report must name several facts per sender.
 """
 from __future__ import annotations
 
 import random
 
+from ...errors import ConfigError
 from ..episode import Episode, Span
 from .facts import CHARS_PER_TOKEN, _document
 from .people import RELATIONS, Relation, answers, cast, say
@@ -21,10 +26,12 @@ TOKENS = 330  # target tokens per sender context
 PARTS = (3, 4, 5, 3, 4)  # stating people, per round of relations
 
 
-def _episode(rng: random.Random, idx: int, rel: Relation, k: int) -> Episode:
+def _episode(rng: random.Random, idx: int, rel: Relation, k: int, tokens: int = TOKENS,
+             per_sender: int = 1) -> Episode:
     people = cast(rng, k + rng.randint(3, 4))
     stating, others = people[:k], people[k:]
-    where = list(range(SENDERS)) + rng.sample(range(SENDERS), k - SENDERS)  # each sender 1-2 of them
+    # each sender per_sender to per_sender + 1 of them
+    where = list(range(SENDERS)) * per_sender + rng.sample(range(SENDERS), k - per_sender * SENDERS)
     rng.shuffle(where)
     pools = {r.name: rng.sample(r.values, len(r.values)) for r in RELATIONS}
     said = {}  # evidence sentence -> its value, in the order of `stating`
@@ -41,7 +48,7 @@ def _episode(rng: random.Random, idx: int, rel: Relation, k: int) -> Episode:
             r = rng.choice([r for r in RELATIONS if r.name not in known[p.name]])
             known[p.name].add(r.name)
             facts.append((say(rng.choice(r.templates), p.name, pools[r.name].pop()), False))
-        text, found = _document(rng, facts, int(TOKENS * CHARS_PER_TOKEN * rng.uniform(0.95, 1.03)))
+        text, found = _document(rng, facts, int(tokens * CHARS_PER_TOKEN * rng.uniform(0.95, 1.03)))
         spans += [Span(a, s, e) for s, e in found]
         contexts.append(text)
     evidence = tuple(sorted(spans, key=lambda s: (s.agent, s.start)))
@@ -51,8 +58,12 @@ def _episode(rng: random.Random, idx: int, rel: Relation, k: int) -> Episode:
     return Episode(f"aggregate-{idx:04d}", "aggregate", "fanin", rel.agg, parts, tuple(contexts), evidence, meta)
 
 
-def generate(seed: int, n: int = 120) -> list[Episode]:
-    """`n` episodes cycling over the relations, each asked with 3, 4 and 5 parts in 120; pure in `seed`."""
+def generate(seed: int, n: int = 120, tokens: int = TOKENS, per_sender: int = 1) -> list[Episode]:
+    """`n` episodes cycling over the relations, each asked with 3, 4 and 5 parts in 120 (per_sender m: 3m, 3m + 1
+    and 3m + 2 parts), ~`tokens` per sender; pure in (seed, tokens, per_sender)."""
+    if tokens < 100 or per_sender < 1:
+        raise ConfigError(f"aggregate: want tokens ≥ 100 and per_sender ≥ 1, got {tokens}, {per_sender}")
     rng = random.Random(seed)
-    return [_episode(rng, i, RELATIONS[i % len(RELATIONS)], PARTS[i // len(RELATIONS) % len(PARTS)])
-            for i in range(n)]
+    extra = (per_sender - 1) * SENDERS
+    return [_episode(rng, i, RELATIONS[i % len(RELATIONS)], PARTS[i // len(RELATIONS) % len(PARTS)] + extra,
+                     tokens, per_sender) for i in range(n)]
