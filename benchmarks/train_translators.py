@@ -130,25 +130,32 @@ def main() -> None:
         ap.error(str(e))
     pairs = [spec.split(":") for spec in args.pairs.split(",")]
     control = args.sharer_docs
-    runs = [(m, s, r, config(m, s, r, steps[m], args.batch, control)) for m in methods for s, r in pairs]
-    for method, sharer, receiver, cfg in runs:  # a folder holding another configuration stops us before any training
-        try:
-            resumable(cfg, run_dir(method, sharer, receiver, control))
-        except ConfigError as e:
-            sys.exit(f"{method} {sharer} -> {receiver}: {e}")
+    runs = [(run_dir(m, s, r, control), config(m, s, r, steps[m], args.batch, control)) for m in methods for s, r in pairs]
+    check_runs(runs)
     agents = {name: Agent.from_pretrained(name) for name in dict.fromkeys(n for pair in pairs for n in pair)}
+    train_runs(runs, agents)  # method-major: every pair gets XKV before anything gets C2C
+
+
+def check_runs(runs: list[tuple[Path, TrainConfig]]) -> None:
+    """Exit naming the folder when one holds a run of another configuration, before any training starts."""
+    for folder, cfg in runs:
+        try:
+            resumable(cfg, folder)
+        except ConfigError as e:
+            sys.exit(f"{folder}: {e}")
+
+
+def train_runs(runs: list[tuple[Path, TrainConfig]], agents: dict[str, Agent]) -> None:
+    """Train (or resume) each (folder, config) in order over one state cache; draw its loss curves; report it."""
     cache = StateCache()
-    for method, sharer, receiver, cfg in runs:  # method-major: every pair gets XKV before anything gets C2C
-        folder = run_dir(method, sharer, receiver, control)
+    for folder, cfg in runs:
         hits, misses = cache.hits, cache.misses
-        train(cfg, folder, agents[sharer], agents[receiver], cache)
+        train(cfg, folder, agents[cfg.sharer], agents[cfg.receiver], cache)
         plot(folder)
         log = json.loads((folder / "trainer.json").read_text())
-        print(f"{method:10} {sharer:>18} -> {receiver:18} params {log['parameters']:>10,d}  "
-              f"val {log['val'][0][1]:.3f} -> {log['val'][-1][1]:.3f}  {log.get('seconds', 0):.0f} s  "
-              f"state cache {cache.hits - hits} hits / {cache.misses - misses} misses "
+        print(f"{folder.name}: params {log['parameters']:,d}  val {log['val'][0][1]:.3f} -> {log['val'][-1][1]:.3f}  "
+              f"{log.get('seconds', 0):.0f} s  state cache {cache.hits - hits} hits / {cache.misses - misses} misses "
               f"({cache.used / 2**30:.1f} GiB of {cache.limit / 2**30:.0f})", flush=True)
-
 
 if __name__ == "__main__":
     main()

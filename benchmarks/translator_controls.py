@@ -35,16 +35,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_translators import LR, config, method_steps, plot, run_dir  # noqa: E402
+from train_translators import LR, check_runs, config, method_steps, run_dir, train_runs  # noqa: E402
 from translators import ROOT, agent, pin_checkpoints  # noqa: E402
 from translators_report import METHOD_ROW, cell_runs, collect, decide, macro, median, paired  # noqa: E402
 
 from latentwire.bench.metrics import holm  # noqa: E402
 from latentwire.bench.pair_runner import run_pairs  # noqa: E402
 from latentwire.bench.report import holm_note  # noqa: E402
-from latentwire.errors import ConfigError  # noqa: E402
-from latentwire.training.states import StateCache  # noqa: E402
-from latentwire.training.trainer import SHARER_DOCS, resumable, train  # noqa: E402
+from latentwire.training.trainer import SHARER_DOCS  # noqa: E402
 
 OUT = ROOT / "docs" / "results" / "translator_controls"
 CONTEXT_AWARE = {"dense_aware": True}  # the grid's dense (aware) row; every other method reads its own half
@@ -72,23 +70,13 @@ def specs(rows_: list, sharer: str, receiver: str) -> dict[str, str]:
 
 
 def train_all(rows_: list, sharer: str, receiver: str, steps: dict, batch: int, agents: dict, out: Path) -> None:
-    """Train every (method, control) not finished yet; a folder holding another configuration stops us first."""
-    runs = [(m, c, config(m, sharer, receiver, steps[m], batch, c)) for _, m, c in rows_ if m]
-    for method, control, cfg in runs:
-        try:
-            resumable(cfg, run_dir(method, sharer, receiver, control))
-        except ConfigError as e:
-            sys.exit(f"{run_dir(method, sharer, receiver, control)}: {e}")
-    cache = StateCache()
+    """Train every (method, control) not finished yet (train_translators' runs); copy the logs to `out`/training."""
+    runs = [(run_dir(m, sharer, receiver, c), config(m, sharer, receiver, steps[m], batch, c)) for _, m, c in rows_ if m]
+    check_runs(runs)
+    train_runs(runs, agents)
     (out / "training").mkdir(parents=True, exist_ok=True)
-    for method, control, cfg in runs:
-        folder = run_dir(method, sharer, receiver, control)
-        train(cfg, folder, agents[sharer], agents[receiver], cache)
-        plot(folder)
+    for folder, _ in runs:
         shutil.copyfile(folder / "trainer.json", out / "training" / f"{folder.name}.json")
-        log = json.loads((folder / "trainer.json").read_text())
-        print(f"{folder.name}: val {log['val'][0][1]:.3f} -> {log['val'][-1][1]:.3f} in {log.get('seconds', 0):.0f} s",
-              flush=True)
 
 
 def verdicts(methods: list[str], control: str) -> list[tuple[str, str, str]]:
