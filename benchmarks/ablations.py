@@ -2,11 +2,12 @@
 
     python benchmarks/ablations.py [--model qwen2.5-0.5b] [--task facts] [--n 48] [--latent-steps 8]
                                    [--ratios 8,16] [--variant p=1 --variant inner_power=3,p=1 ...]
+                                   [--generate-seed 7]   # fresh development episodes, e.g. --task coref
 
 The score (docs/methods.md, "CacheBack scores") is S_t = Q_t · C_t^p with C_t a ratio of
 `inner_power`-th powers, summed over KV heads after averaging layers. Each variant changes the
-`cacheback` selector's fields (`p`, `inner_power`, `correction_over`, `pooling`, `window`) and
-nothing else: the same read of each document (prefill + G latent steps, shared by every variant),
+`cacheback` selector's fields (`p`, `inner_power`, `correction_over`, `pooling`, `window`, `min_depth`)
+or CacheBack's scoring fields (`calibration`, `probe`, `query_format`) and nothing else: the same read of each document (prefill + G latent steps, shared by every variant),
 the same question (the receiver's turn), span mode (`--span-mode`, default sentence) and budget
 B = ceil(T / r). Recall = gold evidence tokens kept ÷ gold evidence tokens, pooled per episode, as
 `benchmarks/evidence_recall.py` measures it (its functions are reused). Printed: one line per
@@ -25,9 +26,11 @@ from pathlib import Path
 
 from latentwire.agent import Agent
 from latentwire.bench.episode import Episode
+from latentwire.errors import ConfigError
 from latentwire.bench.metrics import paired_bootstrap_diff
 from latentwire.bench.runner import environment, load_task_episodes, parse_filters, select_episodes
 from latentwire.protocols.cacheback import CacheBack, document_rows
+from latentwire.select.cacheback import CacheBackSelector
 
 from evidence_recall import gold_positions, kept_gold
 from recall_summary import diff
@@ -38,9 +41,25 @@ VARIANTS = ("p=0", "p=1", "p=4", "inner_power=1.5", "inner_power=3", "inner_powe
             "correction_over=layer_kv_head")
 
 
+# CacheBack's own scoring fields a variant may set beside the selector's (everything else, e.g. the read, is shared)
+PROTOCOL_FIELDS = ("calibration", "calibration_floor", "probe", "query_format")
+
+
 def variant_params(spec: str) -> dict:
     """"p=1,inner_power=3" -> {"p": 1, "inner_power": 3} (values as JSON, else strings)."""
     return parse_filters([x for x in spec.split(",") if x], "variant")
+
+
+def variant_reader(params: dict, latent_steps: int, span_mode: str) -> CacheBack:
+    """The CacheBack of one variant: `PROTOCOL_FIELDS` go to the protocol, the rest to the `cacheback` selector
+    (an unknown field is a ConfigError naming both lists)."""
+    selector_fields = set(CacheBackSelector.__dataclass_fields__)
+    if unknown := sorted(set(params) - selector_fields - set(PROTOCOL_FIELDS)):
+        raise ConfigError(f"unknown variant fields {unknown}; selector fields: {', '.join(sorted(selector_fields))}; "
+                         f"CacheBack fields: {', '.join(PROTOCOL_FIELDS)}")
+    own = {k: v for k, v in params.items() if k in PROTOCOL_FIELDS}
+    return CacheBack(latent_steps=latent_steps, selector="cacheback", span_mode=span_mode, **own,
+                     selector_params={k: v for k, v in params.items() if k not in PROTOCOL_FIELDS})
 
 
 def load_agent(name: str) -> Agent:
@@ -56,11 +75,10 @@ def recalls(agent: Agent, episodes: list[Episode], variants: dict[str, dict], ra
             span_mode: str = "sentence") -> tuple[dict, dict]:
     """Per-episode evidence recall of each variant at each ratio, and its seconds to score one state.
 
-    variants: label -> `cacheback` selector fields ({} is the default). Returns ({label: {ratio: [recall
-    per episode]}}, {label: [seconds]}); episodes without gold evidence are skipped.
+    variants: label -> `cacheback` selector fields and `PROTOCOL_FIELDS` ({} is the default). Returns ({label:
+    {ratio: [recall per episode]}}, {label: [seconds]}); episodes without gold evidence are skipped.
     """
-    readers = {label: CacheBack(latent_steps=latent_steps, selector="cacheback", selector_params=params,
-                                span_mode=span_mode) for label, params in variants.items()}
+    readers = {label: variant_reader(params, latent_steps, span_mode) for label, params in variants.items()}
     reader = CacheBack(latent_steps=latent_steps, span_mode=span_mode)  # one read per document, every variant
     tok = agent.tokenizer
     out = {label: {r: [] for r in ratios} for label in variants}
@@ -105,11 +123,15 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--task", default="facts")
     ap.add_argument("--n", type=int, default=48)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--generate-seed", type=int, default=None,
+                    help="fresh episodes generate(SEED) of the task, or of a rival/latent_vs_text cell (facts1_500, "
+                         "code1), instead of the committed file: development episodes no study uses")
     ap.add_argument("--latent-steps", type=int, default=8)
     ap.add_argument("--ratios", default="8,16")
     ap.add_argument("--span-mode", default="sentence", choices=("sentence", "fixed"))
     ap.add_argument("--variant", action="append", default=None, metavar="FIELD=VALUE[,FIELD=VALUE]",
-                    help="cacheback selector fields of one variant, repeatable; default: " + " ".join(VARIANTS))
+                    help="cacheback selector fields (and CacheBack's " + ", ".join(PROTOCOL_FIELDS) + ") of one "
+                         "variant, repeatable; default: " + " ".join(VARIANTS))
     ap.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE",
                     help="keep episodes whose meta[KEY] == VALUE, repeatable")
     ap.add_argument("--out", default=str(OUT), help="folder of the result files")
@@ -119,14 +141,21 @@ def main(argv: list[str] | None = None) -> dict:
     variants = {BASELINE: {}} | {spec: variant_params(spec) for spec in specs}
     filters = parse_filters(args.filter)
     for params in variants.values():  # a bad field or value fails here, before the model loads
-        CacheBack(selector_params=params)
+        variant_reader(params, args.latent_steps, args.span_mode)
     agent = load_agent(args.model)
-    episodes = select_episodes(load_task_episodes(args.task), args.n, args.seed, filters)
+    if args.generate_seed is None:
+        episodes = select_episodes(load_task_episodes(args.task), args.n, args.seed, filters)
+    else:
+        from rival import episodes_for
+
+        episodes = select_episodes(episodes_for(args.task, args.n, args.generate_seed), args.n, args.seed, filters)
     per, seconds = recalls(agent, episodes, variants, ratios, args.latent_steps, args.span_mode)
     n = len(per[BASELINE][ratios[0]])
     tag = "".join(f"_{k}{v}" for k, v in filters.items())
     task_name = Path(args.task).stem if args.task.endswith(".jsonl") or "/" in args.task else args.task
-    cmd = (f"python benchmarks/ablations.py --model {args.model} --task {args.task} --n {args.n} --seed {args.seed} "
+    gen = "" if args.generate_seed is None else f" --generate-seed {args.generate_seed}"
+    tag += f"_dev{args.generate_seed}" if gen else ""
+    cmd = (f"python benchmarks/ablations.py --model {args.model} --task {args.task} --n {args.n} --seed {args.seed}{gen} "
            f"--latent-steps {args.latent_steps} --ratios {args.ratios} --span-mode {args.span_mode}"
            + "".join(f" --variant {s}" for s in specs) + "".join(f" --filter {f}" for f in args.filter))
     lines = summary(per, ratios)

@@ -200,3 +200,34 @@ def test_ablations_benchmark_on_a_tiny_model(tmp_path, monkeypatch):
     assert (tmp_path / "ablations_cacheback_tiny_tiny-llama.md").exists()
     with pytest.raises(ConfigError):
         ablations.main(["--model", "tiny-llama", "--task", str(task), "--variant", "inner_power=0"])
+    with pytest.raises(ConfigError, match="probe"):  # names the fields it takes
+        ablations.main(["--model", "tiny-llama", "--task", str(task), "--variant", "latent_steps=0"])
+
+
+def test_ablation_variants_set_protocol_scoring_fields_on_fresh_dev_episodes(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import ablations
+    import rival
+
+    from latentwire.bench.episode import Episode, Span
+
+    reader = ablations.variant_reader({"p": 0, "min_depth": 0.5, "calibration": "generic", "probe": 4}, 2, "sentence")
+    assert (reader.calibration, reader.probe, reader.latent_steps) == ("generic", 4, 2)
+    assert reader.selector_params == {"p": 0, "min_depth": 0.5}
+    doc = "Ada led Orion in Lisbon. She drinks tea.\nBo led Vega in Oslo. He drinks coffee."
+    asked = []
+
+    def episodes_for(task, n, seed):  # the real generators' documents overflow a tiny model's window
+        asked.append((task, n, seed))
+        return [Episode(f"dev-{i}", task, "fanin", "What does Ada drink?", ["tea"], (doc, "Nothing."),
+                        evidence=(Span(0, doc.index("She"), doc.index("tea.") + 4),)) for i in range(n)]
+
+    monkeypatch.setattr(rival, "episodes_for", episodes_for)
+    out = ablations.main(["--model", "tiny-qwen2", "--task", "coref", "--generate-seed", "7", "--n", "2",
+                          "--latent-steps", "1", "--ratios", "4", "--variant", "probe=3,calibration=generic",
+                          "--out", str(tmp_path)])
+    assert asked == [("coref", 2, 7)]  # fresh development episodes, not the committed file
+    assert out["variants"]["probe=3,calibration=generic"] == {"probe": 3, "calibration": "generic"}
+    assert len(out["per_episode"]["probe=3,calibration=generic@4"]) == 2
+    assert "--generate-seed 7" in out["command"]
+    assert (tmp_path / "ablations_cacheback_coref_dev7_tiny-qwen2.md").exists()

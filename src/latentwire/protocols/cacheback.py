@@ -88,6 +88,10 @@ class CacheBack(Protocol):
     # How q is appended after the finished state: "turn" = the receiver's own next chat turn asking the
     # question (what the receiver would prefill), "raw" = the question's tokens alone.
     query_format: str = "turn"
+    # Answer probe: the sender decodes its own first `probe` greedy answer tokens to the question's turn on the
+    # finished state (`query_for`; not kept, not sent) and their attention joins the question's: the rows a model
+    # reads as it starts to answer (whose "she", what "hometown" means). 0: the question alone.
+    probe: int = 0
     # "generic": the question's scores ÷ those of GENERIC_QUESTION (scored once per stored state and reused
     # by every follow-up question); "masked": ÷ those of the question with its content words replaced by
     # "thing" (same length and shape, one more scoring pass per question). See `calibrate`.
@@ -138,6 +142,10 @@ class CacheBack(Protocol):
             raise UnknownNameError("calibration", self.calibration, CALIBRATIONS)
         if self.calibration_floor <= 0:
             raise ValueError(f"calibration_floor must be > 0, got {self.calibration_floor}")
+        if isinstance(self.probe, bool) or not isinstance(self.probe, int) or self.probe < 0:
+            raise ValueError(f"probe must be an int ≥ 0 (answer tokens decoded to score with), got {self.probe!r}")
+        if self.probe and self.query_format != "turn":
+            raise ValueError("probe decodes the sender's answer to the question's turn: it needs query_format 'turn'")
         self._selector = get_selector(self.selector, **self.selector_params)
         self._selector.check_installed()  # a kvpress selector without the extra: refused before any compute
         self._fuse = None
@@ -150,9 +158,9 @@ class CacheBack(Protocol):
             if not self.fuse_k > 0:
                 raise ValueError(f"fuse_k must be > 0, got {self.fuse_k!r}")
             self._fuse = get_selector(self.fuse)
-        if self.calibration != "none" and (not self._selector.query_conditioned
-                                           or isinstance(self._selector, TextSelector)):
-            raise ValueError(f"calibration needs a query-conditioned state selector, not {self.selector!r}")
+        for knob, on in (("calibration", self.calibration != "none"), ("probe", self.probe > 0)):
+            if on and (not self._selector.query_conditioned or isinstance(self._selector, TextSelector)):
+                raise ValueError(f"{knob} needs a query-conditioned state selector, not {self.selector!r}")
         # stored state -> its generic background scores: follow-up questions reuse them (states are values)
         self._background: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._windowed: dict = {}  # observation window -> query-aware SnapKV selector (`selector_for`)
@@ -203,6 +211,15 @@ class CacheBack(Protocol):
         return sender.continuation_text(KV_PROMPT.format(question=question)) if self.query_format == "turn" \
             else question
 
+    def query_for(self, sender: Agent, state: KVState, question: str) -> str:
+        """The text whose attention scores `state` for `question`: `query_text`, then with `probe` the first
+        `probe` tokens of the sender's own greedy answer to that turn, decoded on `state` (which is not changed)."""
+        query = self.query_text(sender, question)
+        if not self.probe:
+            return query
+        answer = sender.answer_after(state, KV_PROMPT.format(question=question), max_new_tokens=self.probe)
+        return query + sender.tokenizer.decode(list(answer.token_ids), skip_special_tokens=True)
+
     def selector_for(self, per_row: list | None = None):
         """The selector that scores a state whose prompt rows map to the document as `per_row`: query-aware
         SnapKV gets the question (the rows after the document) as its observation window."""
@@ -218,16 +235,16 @@ class CacheBack(Protocol):
     def scores(self, sender: Agent, state: KVState, question: str, per_row: list | None = None) -> torch.Tensor:
         """(T,) row scores for this question, background-calibrated when `calibration` says so. `per_row`
         (`document_rows`): where the document sits in the sender's prompt (used by query-aware SnapKV)."""
-        scores = self.selector_for(per_row).score(sender, state, self.query_text(sender, question))
+        scores = self.selector_for(per_row).score(sender, state, self.query_for(sender, state, question))
         if self.calibration == "none":
             return scores
         if self.calibration == "masked":
-            background = self._selector.score(sender, state, self.query_text(sender, masked_question(question)))
+            background = self._selector.score(sender, state, self.query_for(sender, state, masked_question(question)))
         else:
-            key = (id(sender), self.query_format)
+            key = (id(sender), self.query_format, self.probe)
             cached = self._background.setdefault(state, {})
             if key not in cached:
-                cached[key] = self._selector.score(sender, state, self.query_text(sender, GENERIC_QUESTION))
+                cached[key] = self._selector.score(sender, state, self.query_for(sender, state, GENERIC_QUESTION))
             background = cached[key]
         return calibrate(scores, background, self.calibration_floor)
 

@@ -71,7 +71,7 @@ class CacheBackChain(CacheBack):
             budget = (relative_chain_budget(t_old, t_new, self.ratio) if self.budget == "relative"
                       else fixed_chain_budget(t_old, t_new, self.max_rows))
         t1 = time.perf_counter()
-        scores = self._selector.score(sender, state, self.query_text(sender, question))
+        scores = self.scores(sender, state, question)  # calibrated and probed as a fan-in sender's
         rows = select_rows(scores, budget, keep, self.span, eligible)
         out = sender.rows(state.select(rows))
         t2 = time.perf_counter() - (getattr(self._selector, "last_seconds", 0.0)

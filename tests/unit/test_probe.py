@@ -1,0 +1,77 @@
+"""Answer-probe CacheBack: the sender's own first answer tokens join the question's attention; nothing else moves."""
+import pickle
+
+import pytest
+import torch
+
+from latentwire.agent import KV_PROMPT
+from latentwire.protocols import get_protocol
+from latentwire.protocols.cacheback import GENERIC_QUESTION, CacheBack
+
+DOC = "The blue crate holds 58 bolts. The red crate holds 12 nails. The green crate is empty."
+QUESTION = "How many bolts are in the blue crate?"
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_probe_scores_the_question_turn_then_the_senders_own_greedy_answer(agent_for, arch):
+    agent = agent_for(arch)
+    cb = CacheBack(ratio=4, latent_steps=2, probe=5)
+    state = cb.read(agent, DOC)
+    keys = [layer.keys.clone() for layer in state.layers]
+    answer = agent.answer_after(state, KV_PROMPT.format(question=QUESTION), max_new_tokens=5)
+    probe = agent.tokenizer.decode(list(answer.token_ids), skip_special_tokens=True)
+    query = cb.query_for(agent, state, QUESTION)
+    assert query == cb.query_text(agent, QUESTION) + probe
+    assert 0 < len(answer.token_ids) <= 5
+    # the scores are the selector's on that text: no other change to CacheBack
+    assert torch.equal(cb.scores(agent, state, QUESTION), cb._selector.score(agent, state, query))
+    # decoding the probe leaves the stored state as it was (follow-up questions score the same state)
+    assert all(torch.equal(k, layer.keys) for k, layer in zip(keys, state.layers))
+    assert torch.equal(cb.scores(agent, state, QUESTION), cb.scores(agent, state, QUESTION))  # deterministic
+
+
+def test_probe_zero_is_todays_cacheback(agent_for):
+    agent = agent_for("llama")
+    state = CacheBack(latent_steps=1).read(agent, DOC)
+    plain, zero = CacheBack(latent_steps=1), CacheBack(latent_steps=1, probe=0)
+    assert zero.query_for(agent, state, QUESTION) == plain.query_text(agent, QUESTION)
+    assert torch.equal(zero.scores(agent, state, QUESTION), plain.scores(agent, state, QUESTION))
+
+
+def test_probe_with_generic_calibration_probes_the_background_once_per_state(agent_for):
+    agent = agent_for("qwen2")
+    cb = CacheBack(ratio=4, latent_steps=0, calibration="generic", probe=3)
+    state = cb.read(agent, DOC)
+    seen = []
+    score = cb._selector.score
+    cb._selector.score = lambda a, s, q: seen.append(q) or score(a, s, q)
+    cb.scores(agent, state, QUESTION)
+    cb.scores(agent, state, "How many nails?")
+    background = cb.query_for(agent, state, GENERIC_QUESTION)
+    assert seen.count(background) == 1  # the background is probed too, and scored once for both questions
+    assert background.startswith(cb.query_text(agent, GENERIC_QUESTION))
+
+
+def test_probe_runs_end_to_end_one_decode_per_sender(agent_for):
+    agent = agent_for("llama")
+    docs = [DOC, "Memo: the lobby lights were replaced on Monday."]
+    base = get_protocol("cacheback", ratio=4, latent_steps=1).run([agent] * 2, docs, agent, QUESTION)
+    before = sum(c.op == "answer" for c in agent.calls)
+    probed = get_protocol("cacheback", ratio=4, latent_steps=1, probe=4).run([agent] * 2, docs, agent, QUESTION)
+    assert sum(c.op == "answer" for c in agent.calls) - before == 2 + 1  # each sender's probe, then the receiver
+    assert probed.details["message_rows"] == base.details["message_rows"]  # same budget, whatever it picks
+    chain = get_protocol("cacheback_chain", ratio=4, latent_steps=1, probe=2)  # hop scores are probed as well
+    assert chain.run([agent] * 2, docs, agent, QUESTION).answer is not None
+
+
+def test_a_probed_protocol_pickles(agent_for):
+    cb = CacheBack(probe=6, calibration="generic")
+    assert pickle.loads(pickle.dumps(cb)).probe == 6
+
+
+@pytest.mark.parametrize("fields", [{"probe": -1}, {"probe": 1.5}, {"probe": True},
+                                    {"probe": 4, "query_format": "raw"},
+                                    {"probe": 4, "selector": "bm25"}, {"probe": 4, "selector": "random"}])
+def test_bad_probe_settings_are_typed_errors(fields):
+    with pytest.raises(ValueError):
+        CacheBack(**fields)
