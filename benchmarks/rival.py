@@ -61,24 +61,28 @@ BM25L = "retrieval(selector='bm25', context='lead')"
 # (seed 7), where it kept 0.77 of the coref evidence (contrastive alone 0.78, dense 0.44) and 0.93 of paraphrase's
 # (contrastive 0.70, dense 1.00); added after coref and 16 paraphrase episodes had run.
 CBDF8 = f"cacheback(ratio=8, calibration='generic', selector_params={DEEP!r}, fuse='dense')"
-# CBDF8's selection delivered as its document text spans (no first or latent rows, "\n…\n" between spans): at the
-# same evidence recall CBDF8 answered below dense text on paraphrase (0.35 vs 0.47, n = 40), so this separates
-# selection from delivery. Added after paraphrase 40, coref 100, aggregate 26, facts1_500 25 and code1 16.
-CBDFX8 = f"cacheback_x(ratio=8, calibration='generic', selector_params={DEEP!r}, fuse='dense')"
+# Answer-probe CacheBack: each sender's first 16 greedy answer tokens join the question's attention (`probe`), with
+# default and with contrastive scores. Chosen on dev episodes (seed 7; `benchmarks/ablations.py --generate-seed 7`):
+# coref evidence recall at 8× 0.86 / 1.00 (default 0.37), paraphrase 0.73 / 0.75 (0.61), facts 1.00 / 0.96 (0.96).
+# Added after paraphrase 48, coref 100, aggregate 26, facts1_500 25 and code1 16.
+CBP8 = "cacheback(ratio=8, probe=16)"
+CBDP8 = f"cacheback(ratio=8, calibration='generic', selector_params={DEEP!r}, probe=16)"
 BM25, DENSE, BM25_16 = ("retrieval(selector='bm25')", "retrieval(selector='dense')",
                         "retrieval(selector='bm25', ratio=16)")
 TEXT, TEXT8, FULLKV, FULLCTX = "text", "text(ratio=8)", "fullkv(latent_steps=8)", "fullcontext"
 PROTOCOLS = [TEXT, TEXT8, BM25, DENSE, BM25_16, CB8, CB16, CBX8, CBG8, CBKV8, FULLKV, FULLCTX, CBD8, CBDL8, BM25L,
-             CBDF8, CBDFX8]
+             CBDF8, CBP8, CBDP8]
 FAMILY = [(CB8, BM25), (CB8, DENSE), (CB8, TEXT8), (CB8, TEXT), (CB8, FULLCTX), (CB8, FULLKV), (CB16, BM25_16),
           (CBX8, BM25), (CBX8, CB8), (CBG8, CB8), (CBG8, BM25), (CBKV8, BM25), (CBKV8, CB8), (BM25, TEXT),
           (BM25, FULLCTX),
           (DENSE, BM25), (CBD8, BM25), (CBD8, CB8), (CBDL8, BM25L), (CBDL8, CBD8), (CBDL8, BM25),
           (BM25L, BM25), (CBDF8, DENSE), (CBDF8, BM25), (CBDF8, CBD8),
-          (CBDFX8, DENSE), (CBDFX8, BM25), (CBDFX8, CBDF8)]  # pre-specified: the cell's Holm family
+          (CBP8, CB8), (CBP8, BM25), (CBDP8, BM25), (CBDP8, BM25L), (CBDP8, DENSE),
+          (CBDP8, CBD8)]  # pre-specified: the cell's Holm family
 CONTENDERS = {"CacheBack 8×": CB8, "CacheBack 8× calibrated": CBG8, "CacheBack 8× contrastive": CBD8,
               "CacheBack 8× contrastive + lead": CBDL8, "BM25 text + lead": BM25L,
-              "CacheBack 8× contrastive ⊕ dense": CBDF8, "CacheBack 8× contrastive ⊕ dense, spans": CBDFX8,
+              "CacheBack 8× contrastive ⊕ dense": CBDF8,
+              "CacheBack 8× probe": CBP8, "CacheBack 8× contrastive + probe": CBDP8,
               "CacheBack 8× spans": CBX8,
               "CacheBack 8× K/V": CBKV8, "BM25 text": BM25, "dense text": DENSE, "text reports": TEXT,
               "full KV": FULLKV, "full context": FULLCTX}
@@ -231,7 +235,8 @@ def winner_row(task: str, comps: list[dict], acc: dict) -> str:
                        + (f" (n = {v[1]})" if v[1] < n else "") + (f", {v[2]:.1f} s" if v[2] else "")
                        for k in CONTENDERS)
     goals = []
-    for a, b in ((CB8, BM25), (CBG8, BM25), (CBD8, BM25), (CBDL8, BM25L), (CBDF8, DENSE), (CBDFX8, DENSE)):
+    for a, b in ((CB8, BM25), (CBG8, BM25), (CBD8, BM25), (CBDL8, BM25L), (CBDF8, DENSE), (CBDP8, BM25),
+                 (CBDP8, BM25L)):
         c = next((c for c in comps if c["a"] == a and c["b"] == b), None)
         if c is not None:
             text = "{:+.0f} pp [{:+.0f}, {:+.0f}], Holm p {:.2g}".format(*(100 * x for x in c["diff"]), c["p_holm"])
@@ -241,7 +246,7 @@ def winner_row(task: str, comps: list[dict], acc: dict) -> str:
 
 def write_index(out: Path, cells: list[str], n: int, seed: int) -> None:
     head = ("| task | n | " + " | ".join(CONTENDERS) + " | CacheBack 8× − BM25 text (default / calibrated / contrastive; contrastive + lead − BM25 + lead; "
-            "contrastive ⊕ dense − dense text, as rows / as spans) |")
+            "contrastive ⊕ dense − dense text; contrastive + probe − BM25 text / − BM25 + lead) |")
     lines = ["# The honest rival: CacheBack against retrieval sent as text", "",
              "Fan-in of 3 senders, Qwen2.5-Coder-0.5B-Instruct for every agent, default placement. Per contender: "
              "accuracy [95% bootstrap CI], median TTEOA. The last column is the pre-specified goal comparison "
