@@ -150,3 +150,21 @@ def test_variant_names():
         CacheBack.variant("cacheback@shallow")
     merged = CacheBack.variant("cacheback@deep", selector_params={"p": 1.0})  # explicit parameters win, preset kept
     assert merged.selector_params == {"p": 1.0, "min_depth": 0.5}
+
+
+def test_the_generic_background_is_part_of_the_read_not_of_the_question(agent_for):
+    # The background does not depend on the question: an agent that holds its document has it before a question
+    # arrives, so it counts in the read's seconds (cold TTEOA) and not in the question-time TTEOA.
+    import time
+
+    agent = agent_for("qwen2")
+    cb = CacheBack(ratio=4, latent_steps=1, calibration="generic")
+    background = cb.background
+    cb.background = lambda a, s: time.sleep(0.2) or background(a, s)
+    doc = "The blue crate holds 58 bolts. The red crate holds 12 nails."
+    out = cb.run([agent], [doc], agent, "How many bolts?")
+    timing = out.details["senders"][0]
+    assert timing["background_s"] >= 0.2 and timing["read_s"] >= timing["background_s"]
+    assert out.tteoa - out.question_tteoa == pytest.approx(timing["read_s"], abs=1e-9)
+    assert out.sender_seconds[0] == pytest.approx(timing["read_s"] + timing["select_s"], abs=1e-9)
+    assert CacheBack(calibration="none").background(agent, cb.read(agent, doc)) is None

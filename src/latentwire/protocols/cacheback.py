@@ -241,12 +241,20 @@ class CacheBack(Protocol):
         if self.calibration == "masked":
             background = self._selector.score(sender, state, self.query_for(sender, state, masked_question(question)))
         else:
-            key = (id(sender), self.query_format, self.probe)
-            cached = self._background.setdefault(state, {})
-            if key not in cached:
-                cached[key] = self._selector.score(sender, state, self.query_for(sender, state, GENERIC_QUESTION))
-            background = cached[key]
+            background = self.background(sender, state)
         return calibrate(scores, background, self.calibration_floor)
+
+    def background(self, sender: Agent, state: KVState) -> torch.Tensor | None:
+        """(T,) generic background scores of a stored state (calibration "generic"; None otherwise). They do not
+        depend on the question, so they are scored once per state, when it is read (`send_one` counts them in
+        the read's seconds: an agent that holds its document has them before a question), and reused."""
+        if self.calibration != "generic":
+            return None
+        key = (id(sender), self.query_format, self.probe)
+        cached = self._background.setdefault(state, {})
+        if key not in cached:
+            cached[key] = self._selector.score(sender, state, self.query_for(sender, state, GENERIC_QUESTION))
+        return cached[key]
 
     def choose(self, sender: Agent, state: KVState, question: str, eligible: torch.Tensor | None = None,
                groups: list[list[int]] | None = None, per_row: list | None = None,
@@ -358,8 +366,13 @@ class CacheBack(Protocol):
             if isinstance(text, TextSelector):
                 text.prepare()
         r = self.sender_read(sender, document, question)
-        state, t1 = r.state, time.perf_counter()
-        t0 = t1 - r.seconds  # charged the read it would pay alone, shared or not
+        state, background_s = r.state, 0.0
+        if self.calibration == "generic":  # query-blind: part of the read (~0 s once this state has it)
+            tb = time.perf_counter()
+            self.background(sender, state)
+            background_s = time.perf_counter() - tb
+        t1 = time.perf_counter()
+        t0 = t1 - r.seconds - background_s  # charged the read it would pay alone, shared or not
         per_row, eligible = document_rows(sender, document, len(state), self.sender_prompt(document, question))
         rows = self.choose(sender, state, question, eligible, self.span_groups(per_row, document), per_row, document)
         part = self.pack(sender, state, rows, per_row, document, index)
@@ -369,7 +382,7 @@ class CacheBack(Protocol):
         rerun = getattr(scored_by, "last_seconds", 0.0) - getattr(scored_by, "last_press_seconds", 0.0)
         t2 = time.perf_counter() - rerun
         doc_rows = sum(1 for x in rows.tolist() if x < len(per_row) and per_row[x] is not None)
-        timing = {"read_s": r.seconds, "select_s": t2 - t1, "rows": len(state), "sent": len(rows),
+        timing = {"read_s": r.seconds + background_s, "background_s": background_s, "select_s": t2 - t1, "rows": len(state), "sent": len(rows),
                   "sent_document_rows": doc_rows, "shared_read": r.shared}  # sent: + first, latent
         return Sent(part, t2 - t0, kept_document_spans(per_row, rows), timing, state.positions[rows].tolist())
 
