@@ -3,7 +3,8 @@
     python benchmarks/rival_recall_pairs.py [--rival docs/results/rival]
 
 Reads each cell's committed records (benchmarks/rival.py writes them; no model loads) and prints, per cell, the
-mean paired difference in evidence recall of contrastive scoring and of contrastive ⊕ dense against
+mean paired difference in evidence recall of contrastive scoring, of contrastive ⊕ dense and of the answer probe
+(`probe=16`) against
 `cacheback(ratio=8)`, with its 95% paired bootstrap CI (the figures of docs/results.md's default decision).
 """
 from __future__ import annotations
@@ -14,7 +15,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rival import CB8, CBD8, CBDF8, CELLS  # noqa: E402
+from rival import CB8, CBD8, CBDF8, CBP8, CELLS  # noqa: E402
 
 from latentwire.bench.metrics import paired_bootstrap_diff  # noqa: E402
 
@@ -32,7 +33,7 @@ def main() -> None:
             r = json.loads(line)
             if r.get("evidence_recall") is not None:
                 recall.setdefault(r["protocol"], {})[r["episode"]] = r["evidence_recall"]
-        for name, label in (("contrastive", CBD8), ("contrastive ⊕ dense", CBDF8)):
+        for name, label in (("contrastive", CBD8), ("contrastive ⊕ dense", CBDF8), ("probe", CBP8)):
             ids = sorted(set(recall.get(label, {})) & set(recall.get(CB8, {})))
             if ids:
                 d, lo, hi = paired_bootstrap_diff([recall[label][i] for i in ids], [recall[CB8][i] for i in ids])
