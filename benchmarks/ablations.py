@@ -7,8 +7,8 @@
 The score (docs/methods.md, "CacheBack scores") is S_t = Q_t · C_t^p with C_t a ratio of
 `inner_power`-th powers, summed over KV heads after averaging layers. Each variant changes the
 `cacheback` selector's fields (`p`, `inner_power`, `correction_over`, `pooling`, `window`, `min_depth`)
-or CacheBack's scoring fields (`calibration`, `probe`, `query_format`) and nothing else: the same read of each document (prefill + G latent steps, shared by every variant),
-the same question (the receiver's turn), span mode (`--span-mode`, default sentence) and budget
+or CacheBack's scoring fields (`calibration`, `probe`, `query_format`) and nothing else: the same read of
+each document (prefill + G latent steps, shared by every variant), the same question (the receiver's turn), span mode (`--span-mode`, default sentence) and budget
 B = ceil(T / r). Recall = gold evidence tokens kept ÷ gold evidence tokens, pooled per episode, as
 `benchmarks/evidence_recall.py` measures it (its functions are reused). Printed: one line per
 variant with its mean recall and its paired difference from the default at each ratio (points, 95%
@@ -155,7 +155,8 @@ def main(argv: list[str] | None = None) -> dict:
     task_name = Path(args.task).stem if args.task.endswith(".jsonl") or "/" in args.task else args.task
     gen = "" if args.generate_seed is None else f" --generate-seed {args.generate_seed}"
     tag += f"_dev{args.generate_seed}" if gen else ""
-    cmd = (f"python benchmarks/ablations.py --model {args.model} --task {args.task} --n {args.n} --seed {args.seed}{gen} "
+    cmd = (f"python benchmarks/ablations.py --model {args.model} --task {args.task} --n {args.n} "
+           f"--seed {args.seed}{gen} "
            f"--latent-steps {args.latent_steps} --ratios {args.ratios} --span-mode {args.span_mode}"
            + "".join(f" --variant {s}" for s in specs) + "".join(f" --filter {f}" for f in args.filter))
     lines = summary(per, ratios)

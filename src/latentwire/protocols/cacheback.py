@@ -382,8 +382,9 @@ class CacheBack(Protocol):
         rerun = getattr(scored_by, "last_seconds", 0.0) - getattr(scored_by, "last_press_seconds", 0.0)
         t2 = time.perf_counter() - rerun
         doc_rows = sum(1 for x in rows.tolist() if x < len(per_row) and per_row[x] is not None)
-        timing = {"read_s": r.seconds + background_s, "background_s": background_s, "select_s": t2 - t1, "rows": len(state), "sent": len(rows),
-                  "sent_document_rows": doc_rows, "shared_read": r.shared}  # sent: + first, latent
+        timing = {"read_s": r.seconds + background_s, "background_s": background_s, "select_s": t2 - t1,
+                  "rows": len(state), "sent": len(rows), "sent_document_rows": doc_rows,
+                  "shared_read": r.shared}  # sent: + first, latent
         return Sent(part, t2 - t0, kept_document_spans(per_row, rows), timing, state.positions[rows].tolist())
 
 
