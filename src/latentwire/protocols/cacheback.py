@@ -7,7 +7,6 @@ the same spans, budgets and encodings.
 """
 from __future__ import annotations
 
-import re
 import time
 import weakref
 from dataclasses import dataclass, field, replace
@@ -21,6 +20,7 @@ from ..message import Rows
 from ..select import (CONTEXTS, SELECTORS, SPAN, TextSelector, always_kept, context_rows, fanin_budget, mass_budget,
                       fused_row_scores, get_selector, select_rows, span_units, sentence_groups, unit_ranks, unit_row_scores)
 from ..state import KVState
+from .calibration import GENERIC_QUESTION, calibrate, masked_question
 from .base import after_first, QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, sender_prompt_lengths
 from .documents import document_rows, kept_document_spans, token_document_spans  # noqa: F401  (re-exported)
 from .reads import Read, read
@@ -34,14 +34,8 @@ ENCODINGS = ("rows", "token_ids", "kv")
 SCORING_PRESETS = {"deep": {"p": 0.0, "min_depth": 0.5}}
 QUERY_FORMATS = ("turn", "raw")
 SPAN_MODES = ("fixed", "sentence")
-# Background calibration: divide the question's scores by those of a content-free query in the same
-# template, so rows that every query attends to (the opening rows, recent rows) stop spending budget.
+# Background calibration (calibration.py): the question's scores ÷ those of a content-free query.
 CALIBRATIONS = ("none", "generic", "masked")
-GENERIC_QUESTION = "What is this document about?"
-_FUNCTION_WORDS = frozenset(
-    "a an the of in on at to for from by with and or not no is are was were be been do does did has have had "
-    "what which who whom whose where when why how many much this that these those it its their there than "
-    "as into about after before under over between".split())
 
 
 @dataclass(frozen=True)
@@ -386,21 +380,3 @@ class CacheBack(Protocol):
                   "rows": len(state), "sent": len(rows), "sent_document_rows": doc_rows,
                   "shared_read": r.shared}  # sent: + first, latent
         return Sent(part, t2 - t0, kept_document_spans(per_row, rows), timing, state.positions[rows].tolist())
-
-
-def calibrate(scores: torch.Tensor, background: torch.Tensor, floor: float = 0.05) -> torch.Tensor:
-    """S_t / max(B_t, κ·mean(B)): how much more this question reads row t than a content-free query does.
-
-    Rows every query attends to (high B_t) lose budget to rows only this question attends to; the floor
-    κ·mean(B) keeps rows that neither query reads (B_t ≈ 0) from winning on a ratio of two tiny numbers.
-    """
-    if scores.shape != background.shape:
-        raise ValueError(f"scores {tuple(scores.shape)} and background {tuple(background.shape)} differ")
-    b = background.to(scores.dtype)
-    return scores / b.clamp_min(floor * float(b.mean()) + 1e-30)
-
-
-def masked_question(question: str) -> str:
-    """The question with every content word replaced by "thing" (function words, punctuation and the
-    word count kept): a query in the same template and shape that asks for nothing in particular."""
-    return re.sub(r"[^\W_]+", lambda m: m.group(0) if m.group(0).lower() in _FUNCTION_WORDS else "thing", question)
