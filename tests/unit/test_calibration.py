@@ -96,7 +96,7 @@ def test_a_calibrated_protocol_pickles_without_its_cache(agent_for):
     state = cb.read(agent_for("llama"), "The blue crate holds 58 bolts.")
     cb.scores(agent_for("llama"), state, "How many bolts?")
     again = pickle.loads(pickle.dumps(cb))
-    assert again == cb and len(again._background) == 0
+    assert again == cb and len(again._memo) == 0
 
 
 @pytest.mark.kvpress
@@ -150,6 +150,13 @@ def test_variant_names():
         CacheBack.variant("cacheback@shallow")
     merged = CacheBack.variant("cacheback@deep", selector_params={"p": 1.0})  # explicit parameters win, preset kept
     assert merged.selector_params == {"p": 1.0, "min_depth": 0.5}
+    probed = CacheBack.variant("cacheback/sentence:probe=16:context=lead", ratio=8)  # fields after ':'
+    assert (probed.probe, probed.context, probed.span_mode, probed.ratio) == (16, "lead", "sentence", 8)
+    assert CacheBack.variant("cacheback:probe=4", probe=2).probe == 2  # keywords win over the name
+    with pytest.raises(ValueError, match="FIELD=VALUE"):
+        CacheBack.variant("cacheback:probe")
+    with pytest.raises(ValueError, match="probe"):  # the field's own validation still runs
+        CacheBack.variant("cacheback:probe=-1")
 
 
 def test_the_generic_background_is_part_of_the_read_not_of_the_question(agent_for):

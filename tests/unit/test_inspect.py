@@ -1,4 +1,6 @@
 """`latentwire inspect`: the page shows each selector's kept text and underlines the gold evidence."""
+import html
+
 import torch
 
 from latentwire.agent import Agent
@@ -44,3 +46,19 @@ def test_inspect_page_explains_rows_budget_and_compression():
         page).groups()
     assert int(sent) == int(d) + int(first) + int(lat) and (int(first), int(lat)) == (1, 2) and int(d) <= budget
     assert int(total) == n_doc and d2 == d and float(comp) == round(n_doc / int(d), 2) < 4
+
+
+def test_inspect_page_shows_what_the_answer_probe_said():
+    from latentwire.agent import KV_PROMPT
+    from latentwire.protocols.cacheback import CacheBack
+
+    torch.set_num_threads(1)
+    agent = Agent(tiny_model("llama"), tiny_tokenizer(), "llama")
+    doc = "Filler words here. The code is 7341. More filler follows now."
+    ep = Episode("e", "t", "fanin", "What is the code?", ["7341"], (doc,), (Span(0, 19, 36),))
+    page = inspect_episode(agent, ep, ["cacheback/sentence:probe=3", "cacheback/sentence"], ratio=4, latent_steps=1)
+    state = CacheBack(latent_steps=1).read(agent, doc)
+    said = agent.tokenizer.decode(list(agent.answer_after(state, KV_PROMPT.format(question=ep.question),
+                                                          max_new_tokens=3).token_ids), skip_special_tokens=True)
+    probed, plain = page.split("<b>cacheback/sentence:probe=3</b>")[1].split("<b>cacheback/sentence</b>")
+    assert said and "probe: " + html.escape(repr(said)) in probed and "probe:" not in plain

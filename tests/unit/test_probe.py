@@ -28,6 +28,8 @@ def test_probe_scores_the_question_turn_then_the_senders_own_greedy_answer(agent
     # decoding the probe leaves the stored state as it was (follow-up questions score the same state)
     assert all(torch.equal(k, layer.keys) for k, layer in zip(keys, state.layers))
     assert torch.equal(cb.scores(agent, state, QUESTION), cb.scores(agent, state, QUESTION))  # deterministic
+    before = sum(c.op == "answer" for c in agent.calls)
+    assert cb.said(agent, state, QUESTION) == probe and sum(c.op == "answer" for c in agent.calls) == before  # once
 
 
 def test_probe_zero_is_todays_cacheback(agent_for):
@@ -60,6 +62,8 @@ def test_probe_runs_end_to_end_one_decode_per_sender(agent_for):
     probed = get_protocol("cacheback", ratio=4, latent_steps=1, probe=4).run([agent] * 2, docs, agent, QUESTION)
     assert sum(c.op == "answer" for c in agent.calls) - before == 2 + 1  # each sender's probe, then the receiver
     assert probed.details["message_rows"] == base.details["message_rows"]  # same budget, whatever it picks
+    said = [s["probe"] for s in probed.details["senders"]]  # each record keeps what its sender began to answer
+    assert all(isinstance(x, str) for x in said) and "probe" not in base.details["senders"][0]
     chain = get_protocol("cacheback_chain", ratio=4, latent_steps=1, probe=2)  # hop scores are probed as well
     assert chain.run([agent] * 2, docs, agent, QUESTION).answer is not None
 

@@ -90,14 +90,16 @@ def inspect_episode(agent: Agent, ep: Episode, selectors: list[str], ratio: floa
         parts.append(f"<h3>sender {a}: T = {T} rows ({T - latent_steps} prompt, {n_doc} of them document, + "
                      f"{latent_steps} latent); budget B = ceil({T} / {ratio:g}) = {budget} document rows</h3>"
                      f"<div class=grid style='grid-template-columns:repeat({cols},1fr)'>")
-        for name in selectors:  # SELECTOR[@PRESET][+CALIBRATION][/sentence], see CacheBack.variant
+        for name in selectors:  # SELECTOR[@PRESET][+CALIBRATION][/sentence][:FIELD=VALUE], see CacheBack.variant
             proto = CacheBack.variant(name, ratio=ratio, latent_steps=latent_steps)
             rows = proto.choose(agent, state, ep.question, eligible, proto.span_groups(per_row, doc), per_row, doc)
             text = isinstance(proto._selector, TextSelector)  # lexical, bm25, dense: kept units shaded alike
             scores = torch.ones(len(state), device=state.device) if text else proto.scores(agent, state, ep.question)
             body = _render(doc, _char_marks(doc, rows, scores, per_row), gold)
             summary = html.escape(sent_summary(state, rows, eligible))
-            parts.append(f"<div><b>{html.escape(name)}</b> <span class=meta>{summary}</span>"
+            said = proto.said(agent, state, ep.question)  # the answer probe's tokens joined the question's
+            probe = "" if said is None else f"<br><span class=meta>probe: {html.escape(repr(said))}</span>"
+            parts.append(f"<div><b>{html.escape(name)}</b> <span class=meta>{summary}</span>{probe}"
                          f"<div class=doc>{body}</div></div>")
         parts.append("</div>")
     return "\n".join(parts)

@@ -24,14 +24,12 @@ from .calibration import GENERIC_QUESTION, calibrate, masked_question
 from .base import after_first, QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, sender_prompt_lengths
 from .documents import document_rows, kept_document_spans, token_document_spans  # noqa: F401  (re-exported)
 from .reads import Read, read
+from .variants import SCORING_PRESETS, variant_fields  # noqa: F401  (re-exported)
 
 # "rows": hidden-size input rows the receiver re-prefills; "token_ids": their ids (+ latent rows); "kv": the selected
 # rows' own K/V, keys re-rotated to consecutive positions, attached as the receiver's prefix (no re-prefill: a row
 # keeps what the sender's context wrote into it, e.g. a pronoun's antecedent).
 ENCODINGS = ("rows", "token_ids", "kv")
-# Named CacheBack scoring settings (`variant("cacheback@deep+generic")`). "deep": mean query attention (p = 0) read on
-# the deeper half of the layers only; with generic calibration it is contrastive CacheBack (methods.md).
-SCORING_PRESETS = {"deep": {"p": 0.0, "min_depth": 0.5}}
 QUERY_FORMATS = ("turn", "raw")
 SPAN_MODES = ("fixed", "sentence")
 # Background calibration (calibration.py): the question's scores ÷ those of a content-free query.
@@ -156,34 +154,22 @@ class CacheBack(Protocol):
             if on and (not self._selector.query_conditioned or isinstance(self._selector, TextSelector)):
                 raise ValueError(f"{knob} needs a query-conditioned state selector, not {self.selector!r}")
         # stored state -> its generic background scores: follow-up questions reuse them (states are values)
-        self._background: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._memo: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # state -> background scores, probes
         self._windowed: dict = {}  # observation window -> query-aware SnapKV selector (`selector_for`)
 
     @classmethod
     def variant(cls, spec: str, **fields) -> "CacheBack":
-        """A CacheBack from a short variant name, `SELECTOR[@PRESET][+CALIBRATION][/sentence]` (as `inspect` and
-        the recall benchmarks name their columns): "cacheback+generic/sentence" = selector "cacheback",
-        calibration "generic", span_mode "sentence"; "cacheback@deep+generic" = contrastive scores (the "deep"
-        preset of `SCORING_PRESETS`, calibrated). Other fields as keywords."""
-        head, slash, mode = spec.partition("/")
-        head, _, calibration = head.partition("+")
-        selector, at, preset = head.partition("@")
-        if slash and mode != "sentence":
-            raise UnknownNameError("span mode suffix", mode, ["sentence"])
-        if at and preset not in SCORING_PRESETS:
-            raise UnknownNameError("scoring preset", preset, SCORING_PRESETS)
-        params = (dict(SCORING_PRESETS[preset]) if at else {}) | fields.pop("selector_params", {})
-        return cls(selector=selector, calibration=calibration or "none", span_mode=mode or "fixed",
-                   **({"selector_params": params} if params else {}) | fields)
+        """A CacheBack from a short variant name (`variants.py`): "cacheback@deep+generic/sentence:probe=16"."""
+        return cls(**variant_fields(spec, **fields))
 
     def __getstate__(self):  # picklable (protocols travel to Ray actors): the background cache stays behind
         state = self.__dict__.copy()
-        state["_background"] = None
+        state["_memo"] = None
         return state
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._background = weakref.WeakKeyDictionary()
+        self._memo = weakref.WeakKeyDictionary()
 
     def sender_prompt(self, document: str, question: str | None = None) -> str:
         if not self.query_aware:
@@ -208,11 +194,19 @@ class CacheBack(Protocol):
     def query_for(self, sender: Agent, state: KVState, question: str) -> str:
         """The text whose attention scores `state` for `question`: `query_text`, then with `probe` the first
         `probe` tokens of the sender's own greedy answer to that turn, decoded on `state` (which is not changed)."""
-        query = self.query_text(sender, question)
+        return self.query_text(sender, question) + (self.said(sender, state, question) or "")
+
+    def said(self, sender: Agent, state: KVState, question: str) -> str | None:
+        """With `probe`: the first `probe` tokens of the sender's greedy answer to the question's turn, decoded
+        once per state and question (None without a probe)."""
         if not self.probe:
-            return query
-        answer = sender.answer_after(state, KV_PROMPT.format(question=question), max_new_tokens=self.probe)
-        return query + sender.tokenizer.decode(list(answer.token_ids), skip_special_tokens=True)
+            return None
+        cached = self._memo.setdefault(state, {})
+        key = ("probe", id(sender), question)
+        if key not in cached:
+            answer = sender.answer_after(state, KV_PROMPT.format(question=question), max_new_tokens=self.probe)
+            cached[key] = sender.tokenizer.decode(list(answer.token_ids), skip_special_tokens=True)
+        return cached[key]
 
     def selector_for(self, per_row: list | None = None):
         """The selector that scores a state whose prompt rows map to the document as `per_row`: query-aware
@@ -245,7 +239,7 @@ class CacheBack(Protocol):
         if self.calibration != "generic":
             return None
         key = (id(sender), self.query_format, self.probe)
-        cached = self._background.setdefault(state, {})
+        cached = self._memo.setdefault(state, {})
         if key not in cached:
             cached[key] = self._selector.score(sender, state, self.query_for(sender, state, GENERIC_QUESTION))
         return cached[key]
@@ -379,4 +373,6 @@ class CacheBack(Protocol):
         timing = {"read_s": r.seconds + background_s, "background_s": background_s, "select_s": t2 - t1,
                   "rows": len(state), "sent": len(rows), "sent_document_rows": doc_rows,
                   "shared_read": r.shared}  # sent: + first, latent
+        if self.probe:
+            timing["probe"] = self.said(sender, state, question)  # what the sender began to answer
         return Sent(part, t2 - t0, kept_document_spans(per_row, rows), timing, state.positions[rows].tolist())
