@@ -36,3 +36,20 @@ def test_a_cell_runs_resumes_and_reports(tmp_path, monkeypatch, models, tokenize
     page = (tmp_path / "README.md").read_text()
     assert "| paraphrase | not run yet |" in page and "CacheBack 8× − BM25 text" in page
     assert "cacheback⊕dense" in page and "## coref" in page
+
+
+def test_given_evidence_pairs_only_episodes_where_both_messages_carried_it_all(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from rival_given_evidence import given_evidence
+
+    def rec(protocol, episode, recall, accuracy):
+        return {"protocol": protocol, "episode": episode, "evidence_recall": recall, "accuracy": accuracy}
+
+    records = [rec("m", "e1", 1.0, 1.0), rec("d", "e1", 1.0, 0.0),  # both carried it: counted
+               rec("m", "e2", 1.0, 0.0), rec("d", "e2", 1.0, 1.0),  # counted
+               rec("m", "e3", 0.5, 0.0), rec("d", "e3", 1.0, 1.0),  # m missed part of it: left out
+               rec("m", "e4", None, 1.0), rec("d", "e4", 1.0, 0.0),  # no recall recorded: left out
+               rec("m", "e5", 1.0, 1.0), rec("d", "e5", 1.0, 1.0)]
+    n, acc, base, (diff, lo, hi) = given_evidence(records, "m", "d")
+    assert (n, acc, base, diff) == (3, 2 / 3, 2 / 3, 0.0) and lo <= 0.0 <= hi
+    assert given_evidence(records, "m", "absent")[0] == 0
