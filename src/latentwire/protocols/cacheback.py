@@ -153,7 +153,7 @@ class CacheBack(Protocol):
         for knob, on in (("calibration", self.calibration != "none"), ("probe", self.probe > 0)):
             if on and (not self._selector.query_conditioned or isinstance(self._selector, TextSelector)):
                 raise ValueError(f"{knob} needs a query-conditioned state selector, not {self.selector!r}")
-        # stored state -> its generic background scores: follow-up questions reuse them (states are values)
+        # stored state -> its generic background scores and probe texts: follow-ups reuse them (states are values)
         self._memo: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # state -> background scores, probes
         self._windowed: dict = {}  # observation window -> query-aware SnapKV selector (`selector_for`)
 
