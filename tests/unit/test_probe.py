@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from latentwire.agent import KV_PROMPT
+from latentwire.errors import UnknownNameError
 from latentwire.protocols import get_protocol
 from latentwire.protocols.cacheback import GENERIC_QUESTION, CacheBack
 
@@ -73,9 +74,37 @@ def test_a_probed_protocol_pickles(agent_for):
     assert pickle.loads(pickle.dumps(cb)).probe == 6
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_probe_mix_and_is_the_geometric_mean_of_the_turns_and_the_joined_querys_scores(agent_for, arch):
+    agent = agent_for(arch)
+    joined, both = CacheBack(ratio=4, latent_steps=1, probe=4), CacheBack(ratio=4, latent_steps=1, probe=4, probe_mix="and")
+    state = joined.read(agent, DOC)
+    turn = both._selector.score(agent, state, both.query_text(agent, QUESTION))
+    want = (joined.scores(agent, state, QUESTION) * turn).sqrt()
+    assert torch.allclose(both.scores(agent, state, QUESTION), want, rtol=0, atol=0)
+    assert both.query_for(agent, state, QUESTION) == joined.query_for(agent, state, QUESTION)  # the same probe text
+    assert not torch.equal(both.scores(agent, state, QUESTION), joined.scores(agent, state, QUESTION))
+
+
+def test_probe_mix_and_mixes_the_generic_background_the_same_way(agent_for):
+    agent = agent_for("qwen2")
+    cb = CacheBack(ratio=4, latent_steps=0, calibration="generic", probe=3, probe_mix="and")
+    state = cb.read(agent, DOC)
+    probed = cb.query_for(agent, state, GENERIC_QUESTION)
+    want = (cb._selector.score(agent, state, probed)
+            * cb._selector.score(agent, state, cb.query_text(agent, GENERIC_QUESTION))).sqrt()
+    assert torch.equal(cb.background(agent, state), want)
+
+
 @pytest.mark.parametrize("fields", [{"probe": -1}, {"probe": 1.5}, {"probe": True},
+                                    {"probe_mix": "and"},
                                     {"probe": 4, "query_format": "raw"},
                                     {"probe": 4, "selector": "bm25"}, {"probe": 4, "selector": "random"}])
 def test_bad_probe_settings_are_typed_errors(fields):
     with pytest.raises(ValueError):
         CacheBack(**fields)
+
+
+def test_an_unknown_probe_mix_lists_the_valid_ones():
+    with pytest.raises(UnknownNameError, match="join"):
+        CacheBack(probe=4, probe_mix="or")

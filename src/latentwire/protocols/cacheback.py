@@ -34,6 +34,10 @@ QUERY_FORMATS = ("turn", "raw")
 SPAN_MODES = ("fixed", "sentence")
 # Background calibration (calibration.py): the question's scores ÷ those of a content-free query.
 CALIBRATIONS = ("none", "generic", "masked")
+# How the answer probe's tokens join the question's: "join" = one query, the turn then the probe (every token's
+# attention pooled); "and" = √(scores of the turn alone × scores of turn + probe), so a row must be read both for
+# the question (whose day, which person) and while answering it (what was made of it).
+PROBE_MIXES = ("join", "and")
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,10 @@ class CacheBack(Protocol):
     # finished state (`query_for`; not kept, not sent) and their attention joins the question's: the rows a model
     # reads as it starts to answer (whose "she", what "hometown" means). 0: the question alone.
     probe: int = 0
+    # "join": the probe's tokens extend the question's query; "and": the geometric mean of the question's scores
+    # and the joined query's (one more scoring pass): a sender that makes up an answer from another person's
+    # sentence no longer sends that sentence on the probe's word alone.
+    probe_mix: str = "join"
     # "generic": the question's scores ÷ those of GENERIC_QUESTION (scored once per stored state and reused
     # by every follow-up question); "masked": ÷ those of the question with its content words replaced by
     # "thing" (same length and shape, one more scoring pass per question). See `calibrate`.
@@ -136,6 +144,11 @@ class CacheBack(Protocol):
             raise ValueError(f"calibration_floor must be > 0, got {self.calibration_floor}")
         if isinstance(self.probe, bool) or not isinstance(self.probe, int) or self.probe < 0:
             raise ValueError(f"probe must be an int ≥ 0 (answer tokens decoded to score with), got {self.probe!r}")
+        if self.probe_mix not in PROBE_MIXES:
+            raise UnknownNameError("probe mix", self.probe_mix, PROBE_MIXES)
+        if self.probe_mix != "join" and not self.probe:
+            raise ValueError(f"probe_mix {self.probe_mix!r} combines the probe's scores with the question's: "
+                             "it needs probe ≥ 1")
         if self.probe and self.query_format != "turn":
             raise ValueError("probe decodes the sender's answer to the question's turn: it needs query_format 'turn'")
         self._selector = get_selector(self.selector, **self.selector_params)
@@ -223,14 +236,22 @@ class CacheBack(Protocol):
     def scores(self, sender: Agent, state: KVState, question: str, per_row: list | None = None) -> torch.Tensor:
         """(T,) row scores for this question, background-calibrated when `calibration` says so. `per_row`
         (`document_rows`): where the document sits in the sender's prompt (used by query-aware SnapKV)."""
-        scores = self.selector_for(per_row).score(sender, state, self.query_for(sender, state, question))
+        scores = self.question_scores(self.selector_for(per_row), sender, state, question)
         if self.calibration == "none":
             return scores
         if self.calibration == "masked":
-            background = self._selector.score(sender, state, self.query_for(sender, state, masked_question(question)))
+            background = self.question_scores(self._selector, sender, state, masked_question(question))
         else:
             background = self.background(sender, state)
         return calibrate(scores, background, self.calibration_floor)
+
+    def question_scores(self, selector, sender: Agent, state: KVState, question: str) -> torch.Tensor:
+        """(T,) uncalibrated scores of one question: its query's (`query_for`), or with probe_mix "and" the
+        geometric mean of those and the question turn's alone (read for the question and while answering it)."""
+        scores = selector.score(sender, state, self.query_for(sender, state, question))
+        if self.probe_mix == "and":
+            scores = (scores * selector.score(sender, state, self.query_text(sender, question))).sqrt()
+        return scores
 
     def background(self, sender: Agent, state: KVState) -> torch.Tensor | None:
         """(T,) generic background scores of a stored state (calibration "generic"; None otherwise). They do not
@@ -238,10 +259,10 @@ class CacheBack(Protocol):
         the read's seconds: an agent that holds its document has them before a question), and reused."""
         if self.calibration != "generic":
             return None
-        key = (id(sender), self.query_format, self.probe)
+        key = (id(sender), self.query_format, self.probe, self.probe_mix)
         cached = self._memo.setdefault(state, {})
         if key not in cached:
-            cached[key] = self._selector.score(sender, state, self.query_for(sender, state, GENERIC_QUESTION))
+            cached[key] = self.question_scores(self._selector, sender, state, GENERIC_QUESTION)
         return cached[key]
 
     def choose(self, sender: Agent, state: KVState, question: str, eligible: torch.Tensor | None = None,
