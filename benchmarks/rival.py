@@ -269,7 +269,8 @@ def write_index(out: Path, cells: list[str], n: int, seed: int) -> None:
         if not (folder / "report.md").exists():  # a cell another call started: its report, so the link resolves
             write_report(folder, [p for p in FAMILY if p[0] in config["config"]["protocols"]])
         _, comps, acc = cell_summary(folder)
-        environments.add(f"{config['config']['dtype']} on {hardware(config['environment'])}")
+        for env in [config["environment"], *config.get("resumed", [])]:  # each call that added records
+            environments.add(f"{config['config']['dtype']} on {hardware(env)}")
         lines.append(winner_row(cell, comps, acc))
         eps = load_episodes(folder / "episodes.jsonl")
         have = {(r["episode"], r["protocol"]) for r in read_run(folder)[1]}
@@ -278,7 +279,9 @@ def write_index(out: Path, cells: list[str], n: int, seed: int) -> None:
                     f"[{cell}/report.md]({cell}/report.md).", "", VERDICT_HEADER[0], VERDICT_HEADER[1]]
         details += [verdict(c) for c in comps] + [""] + recall_table(folder, eps)
         details += ["", "Commands: `" + "`, then `".join(commands(folder)) + "`"]
-    lines += ["", "Ran in " + "; ".join(sorted(environments)) + "." if environments else "",
+    lines += ["", "Ran in " + "; ".join(sorted(environments)) + (
+        " (a cell resumed on another CPU mixes their timings; each record's `run` names its call, and config.json's "
+        "`resumed` that call's environment)." if len(environments) > 1 else ".") if environments else "",
               "", "Holm p: McNemar p adjusted over the cell's family (the rows of its section below). "
               + PAIRING_NOTE] + details
     (out / "README.md").write_text("\n".join(lines) + "\n")

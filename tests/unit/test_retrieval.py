@@ -8,7 +8,8 @@ from latentwire.errors import ConfigError, StateFormatError, UnknownNameError
 from latentwire.protocols import get_protocol
 from latentwire.protocols.base import SENDER_PROMPT
 from latentwire.protocols.cacheback import CacheBack, document_rows
-from latentwire.protocols.retrieval import Retrieval, merge_spans
+from latentwire.message import merge_spans
+from latentwire.protocols.retrieval import Retrieval
 from latentwire.select import get_selector
 from latentwire.select.bm25 import terms
 from latentwire.select.lexical import content_words
@@ -139,7 +140,7 @@ def test_cacheback_with_a_text_selector_sends_the_same_rows_as_retrieval(agent_f
 
 
 def test_merge_spans():
-    assert merge_spans([(5, 9), (0, 3), (3, 4), (8, 12)]) == [(0, 4), (5, 12)]
+    assert merge_spans([(5, 9), (0, 3), (3, 4), (8, 12)]) == ((0, 4), (5, 12))
 
 
 def test_dense_without_its_package_names_the_extra(monkeypatch):

@@ -250,7 +250,7 @@ def _ask(args) -> int:
     from ..bench.runner import parse_protocols
     from ..errors import ContextOverflowError
     from ..protocols import get_protocol
-    from ..protocols.retrieval import merge_spans
+    from ..message import merge_spans
 
     protocols = {label: get_protocol(name, **params) for label, (name, params) in
                  parse_protocols(args.protocols).items()}  # a bad spec fails here, before any file or model

@@ -18,6 +18,7 @@ import torch
 
 from ..agent import Agent
 from ..errors import ConfigError, UnknownNameError
+from ..message import merge_spans
 from ..placement import HOST
 from ..select import (CONTEXTS, SELECTORS, SPAN, TextSelector, context_rows, fanin_budget, get_selector,
                       select_rows, span_units, sentence_groups, unit_row_scores)
@@ -34,17 +35,6 @@ class Picked:
     seconds: float
     budget: int
     tokens: int  # document tokens kept
-
-
-def merge_spans(spans) -> list[tuple[int, int]]:
-    """Character spans sorted and merged where they touch or overlap."""
-    out: list[list[int]] = []
-    for a, b in sorted(spans):
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
 
 
 @register
