@@ -88,10 +88,7 @@ class CacheBack(Protocol):
     # finished state (`query_for`; not kept, not sent) and their attention joins the question's: the rows a model
     # reads as it starts to answer (whose "she", what "hometown" means). 0: the question alone.
     probe: int = 0
-    # "join": the probe's tokens extend the question's query; "and": the geometric mean of the question's scores
-    # and the joined query's (one more scoring pass): a sender that makes up an answer from another person's
-    # sentence no longer sends that sentence on the probe's word alone.
-    probe_mix: str = "join"
+    probe_mix: str = "join"  # PROBE_MIXES: "and" costs one more scoring pass per question
     # "generic": the question's scores ÷ those of GENERIC_QUESTION (scored once per stored state and reused
     # by every follow-up question); "masked": ÷ those of the question with its content words replaced by
     # "thing" (same length and shape, one more scoring pass per question). See `calibrate`.
