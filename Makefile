@@ -7,6 +7,8 @@ STAMP := $(VENV)/.installed
 # The second environment: the newest transformers 5.x, no kvpress, latentwire installed as a package (not editable).
 CURRENT := .venv-current
 CURRENT_STAMP := $(CURRENT)/.installed
+# Its copy of latentwire is not editable: any change under src/ reinstalls it, so it never tests stale code.
+SOURCES := $(shell find src -type f -not -path '*/__pycache__/*')
 
 .PHONY: demo test test-full test-unit test-current install models bench-models clean
 
@@ -35,7 +37,7 @@ test: test-full test-current
 test-full: $(STAMP)
 	$(BIN)/python -m pytest tests -q -n 2
 
-$(CURRENT_STAMP): pyproject.toml Makefile $(STAMP)
+$(CURRENT_STAMP): pyproject.toml Makefile $(STAMP) $(SOURCES)
 	test -x $(CURRENT)/bin/python || $(PY) -m venv $(CURRENT)
 	$(CURRENT)/bin/python -m pip install -q --upgrade pip
 	$(CURRENT)/bin/python -m pip install -q torch==2.13.0

@@ -181,3 +181,37 @@ def test_the_first_use_of_a_bundled_model_says_it_converts_once(monkeypatch, tmp
     assert built == ["smollm2-135m"]
     assert any("first use of smollm2-135m" in r.getMessage() and str(tmp_path) in r.getMessage()
                for r in caplog.records)
+
+
+def _gguf_with_tokenizer_flags(path, model: str, **flags) -> None:
+    """A GGUF holding only tokenizer metadata (no tensors): what `_pin_bos_eos` reads."""
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_string("tokenizer.ggml.model", model)
+    for key, value in flags.items():
+        writer.add_bool(f"tokenizer.ggml.{key}", value)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("model, flags, bos_first", [
+    ("gpt2", {"add_bos_token": False}, False),   # SmolLM2's flags: no BOS, whatever the release would add
+    ("llama", {"add_bos_token": True}, True),    # Gemma's flags: BOS first
+    ("llama", {}, True),                         # absent: SentencePiece adds BOS (llama.cpp's rule)
+    ("gpt2", {}, False),                         # absent: BPE does not
+])
+def test_bos_follows_the_gguf_flags_and_survives_a_save(tmp_path, model, flags, bos_first):
+    from latentwire.models.convert import _pin_bos_eos
+    from latentwire.models.tiny import tiny_tokenizer
+
+    _gguf_with_tokenizer_flags(tmp_path / "t.gguf", model, **flags)
+    tok = tiny_tokenizer()
+    tok.add_bos_token = not bos_first  # whatever transformers chose, the GGUF decides
+    _pin_bos_eos(tok, tmp_path / "t.gguf")
+    plain = tok("ab", add_special_tokens=False)["input_ids"]
+    expected = [tok.bos_token_id] * bos_first + plain
+    assert tok("ab")["input_ids"] == expected
+    tok.save_pretrained(tmp_path / "saved")
+    assert zoo._tokenizer(tmp_path / "saved", False, True)("ab")["input_ids"] == expected

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 MARKER = "latentwire-cache.json"
-CACHE_VERSION = 2  # bump when the conversion changes: older caches are rebuilt
+CACHE_VERSION = 3  # bump when the conversion changes: older caches are rebuilt
 
 
 def dequantise(entry, dtype: torch.dtype = torch.float32):
@@ -27,7 +27,28 @@ def dequantise(entry, dtype: torch.dtype = torch.float32):
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
         if entry.arch == "gemma3":
             tokenizer = _gemma_tokenizer(path, tokenizer)
+        _pin_bos_eos(tokenizer, path)
     return model.eval(), tokenizer
+
+
+def _pin_bos_eos(tokenizer, gguf_path: Path) -> None:
+    """Whether `tokenizer(text)` adds BOS / EOS, set from the GGUF's own flags and written out explicitly.
+
+    Left to transformers, it depends on the release: 5.2 gives SmolLM2 a leading BOS that its GGUF says it does
+    not add, 5.25 gives none, and neither gives Gemma the BOS its GGUF asks for. Absent flags follow llama.cpp:
+    SentencePiece vocabularies ("llama") add BOS, others do not; neither adds EOS."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(gguf_path)).fields
+
+    def flag(key: str, default: bool) -> bool:
+        field = fields.get(key)
+        return default if field is None else bool(field.parts[field.data[0]][0])
+
+    model = fields["tokenizer.ggml.model"]
+    spm = bytes(model.parts[model.data[0]]).decode() == "llama"
+    tokenizer.add_bos_token = flag("tokenizer.ggml.add_bos_token", spm)  # each setter rebuilds the post-processor
+    tokenizer.add_eos_token = flag("tokenizer.ggml.add_eos_token", False)
 
 
 def _gemma_tokenizer(gguf_path: Path, broken):
