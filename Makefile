@@ -7,8 +7,9 @@ STAMP := $(VENV)/.installed
 # The second environment: the newest transformers 5.x, no kvpress, latentwire installed as a package (not editable).
 CURRENT := .venv-current
 CURRENT_STAMP := $(CURRENT)/.installed
-# Its copy of latentwire is not editable: any change under src/ reinstalls it, so it never tests stale code.
-SOURCES := $(shell find src -type f -not -path '*/__pycache__/*')
+# Its copy of latentwire is not editable: any change under src/ reinstalls it, so it never tests stale code
+# (tracked files for edits, their folders for files added or deleted).
+SOURCES := $(shell git ls-files src 2>/dev/null) $(shell find src -type d -not -path '*__pycache__*' -not -path '*.egg-info*')
 
 .PHONY: demo test test-full test-unit test-current install models bench-models clean
 

@@ -279,8 +279,9 @@ def write_index(out: Path, cells: list[str], n: int, seed: int) -> None:
                     f"[{cell}/report.md]({cell}/report.md).", "", VERDICT_HEADER[0], VERDICT_HEADER[1]]
         details += [verdict(c) for c in comps] + [""] + recall_table(folder, eps)
         details += ["", "Commands: `" + "`, then `".join(commands(folder)) + "`"]
-    mixed = (" (a cell resumed on another CPU mixes their timings; each record's `run` names its call, and "
-             "config.json's `resumed` that call's environment)") if len(environments) > 1 else ""
+    mixed = (" (cells, or calls resuming one, ran on different machines: compare timings within a call; each "
+             "record's `run` names its call, and config.json's `resumed` that call's environment)"
+             ) if len(environments) > 1 else ""
     lines += ["", f"Ran in {'; '.join(sorted(environments))}{mixed}." if environments else "",
               "", "Holm p: McNemar p adjusted over the cell's family (the rows of its section below). "
               + PAIRING_NOTE] + details

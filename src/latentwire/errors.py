@@ -27,6 +27,10 @@ class ModelFileError(ModelNotInstalledError):
         return type(self), (self.package, self.file, self.expected, self.actual, self.fix)
 
 
+class ModelConversionError(LatentWireError, ValueError):
+    """A bundled model's GGUF cannot be converted as it stands; names the model and what its file lacks."""
+
+
 class MissingExtraError(LatentWireError, ImportError):
     """An optional dependency is not installed; names the feature, the extra and the exact `pip install` line."""
 

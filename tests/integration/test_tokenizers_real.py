@@ -10,6 +10,10 @@ pytestmark = pytest.mark.integration
 BOS_FIRST = {"smollm2-135m": None, "gemma3-270m": 2, "qwen2.5-coder-0.5b": None}  # from each GGUF's add_bos flag
 
 
+def test_every_bundled_model_has_an_expected_bos():
+    assert set(BOS_FIRST) == set(ZOO)
+
+
 @pytest.mark.parametrize("name", list(ZOO))
 def test_bos_follows_the_gguf(name):
     build_cache(name)

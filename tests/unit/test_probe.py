@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from latentwire.agent import KV_PROMPT
-from latentwire.errors import UnknownNameError
+from latentwire.errors import ConfigError, UnknownNameError
 from latentwire.protocols import get_protocol
 from latentwire.protocols.cacheback import GENERIC_QUESTION, CacheBack
 
@@ -101,7 +101,7 @@ def test_probe_mix_and_mixes_the_generic_background_the_same_way(agent_for):
                                     {"probe": 4, "query_format": "raw"},
                                     {"probe": 4, "selector": "bm25"}, {"probe": 4, "selector": "random"}])
 def test_bad_probe_settings_are_typed_errors(fields):
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError):
         CacheBack(**fields)
 
 

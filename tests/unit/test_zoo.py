@@ -190,7 +190,7 @@ def _gguf_with_tokenizer_flags(path, model: str, **flags) -> None:
     writer = gguf.GGUFWriter(str(path), "llama")
     writer.add_string("tokenizer.ggml.model", model)
     for key, value in flags.items():
-        writer.add_bool(f"tokenizer.ggml.{key}", value)
+        (writer.add_bool if isinstance(value, bool) else writer.add_uint32)(f"tokenizer.ggml.{key}", value)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.close()
@@ -203,15 +203,34 @@ def _gguf_with_tokenizer_flags(path, model: str, **flags) -> None:
     ("gpt2", {}, False),                         # absent: BPE does not
 ])
 def test_bos_follows_the_gguf_flags_and_survives_a_save(tmp_path, model, flags, bos_first):
+    from gguf import GGUFReader
+
     from latentwire.models.convert import _pin_bos_eos
     from latentwire.models.tiny import tiny_tokenizer
 
     _gguf_with_tokenizer_flags(tmp_path / "t.gguf", model, **flags)
     tok = tiny_tokenizer()
     tok.add_bos_token = not bos_first  # whatever transformers chose, the GGUF decides
-    _pin_bos_eos(tok, tmp_path / "t.gguf")
+    _pin_bos_eos(tok, GGUFReader(str(tmp_path / "t.gguf")).fields, "tiny")
     plain = tok("ab", add_special_tokens=False)["input_ids"]
     expected = [tok.bos_token_id] * bos_first + plain
     assert tok("ab")["input_ids"] == expected
     tok.save_pretrained(tmp_path / "saved")
     assert zoo._tokenizer(tmp_path / "saved", False, True)("ab")["input_ids"] == expected
+
+
+def test_a_gguf_asking_for_bos_takes_its_id_or_is_a_typed_error(tmp_path):
+    from gguf import GGUFReader
+
+    from latentwire.errors import ModelConversionError
+    from latentwire.models.convert import _pin_bos_eos
+    from latentwire.models.tiny import tiny_tokenizer
+
+    _gguf_with_tokenizer_flags(tmp_path / "t.gguf", "gpt2", add_bos_token=True)
+    tok = tiny_tokenizer()
+    tok.bos_token = None
+    with pytest.raises(ModelConversionError, match="bos_token_id"):
+        _pin_bos_eos(tok, GGUFReader(str(tmp_path / "t.gguf")).fields, "tiny")
+    _gguf_with_tokenizer_flags(tmp_path / "named.gguf", "gpt2", add_bos_token=True, bos_token_id=3)
+    _pin_bos_eos(tok, GGUFReader(str(tmp_path / "named.gguf")).fields, "tiny")  # the GGUF names it: taken
+    assert tok.bos_token_id == 3 and tok("ab")["input_ids"][0] == 3

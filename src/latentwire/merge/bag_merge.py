@@ -7,6 +7,7 @@ from typing import Sequence
 
 from .base import Render, register
 from .fragments import Fragment
+from ..errors import ConfigError
 
 
 @register
@@ -33,9 +34,9 @@ class BagMerge(Render):
         if p is None:
             return
         if not all(type(i) is int for i in p):
-            raise ValueError(f"order must hold ints, got {p!r}")
+            raise ConfigError(f"order must hold ints, got {p!r}")
         if sorted(p) != list(range(len(p))):
-            raise ValueError(f"order must be a permutation of 0..N-1, got {p!r}")
+            raise ConfigError(f"order must be a permutation of 0..N-1, got {p!r}")
 
     def order(self, fragments: Sequence[Fragment]) -> list[Fragment]:
         if self.permutation is None:

@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 import torch
 
+from ..errors import ModelConversionError
+
 MARKER = "latentwire-cache.json"
 CACHE_VERSION = 3  # bump when the conversion changes: older caches are rebuilt
 
@@ -17,6 +19,7 @@ CACHE_VERSION = 3  # bump when the conversion changes: older caches are rebuilt
 def dequantise(entry, dtype: torch.dtype = torch.float32):
     """(model, tokenizer) straight from a `zoo.ZooModel` entry's GGUF, every file SHA-256-checked first
     (slow: 15-50 s)."""
+    from gguf import GGUFReader
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     entry.check_installed()
@@ -25,33 +28,42 @@ def dequantise(entry, dtype: torch.dtype = torch.float32):
         model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
                                                      local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+        fields = GGUFReader(str(path)).fields
         if entry.arch == "gemma3":
-            tokenizer = _gemma_tokenizer(path, tokenizer)
-        _pin_bos_eos(tokenizer, path)
+            tokenizer = _gemma_tokenizer(fields, tokenizer)
+        _pin_bos_eos(tokenizer, fields, entry.name)
     return model.eval(), tokenizer
 
 
-def _pin_bos_eos(tokenizer, gguf_path: Path) -> None:
-    """Whether `tokenizer(text)` adds BOS / EOS, set from the GGUF's own flags and written out explicitly.
+def _pin_bos_eos(tokenizer, fields, name: str) -> None:
+    """Whether `tokenizer(text)` adds BOS / EOS, set from the GGUF's own flags (`fields`: a GGUFReader's).
 
     Left to transformers, it depends on the release: 5.2 gives SmolLM2 a leading BOS that its GGUF says it does
-    not add, 5.25 gives none, and neither gives Gemma the BOS its GGUF asks for. Absent flags follow llama.cpp:
-    SentencePiece vocabularies ("llama") add BOS, others do not; neither adds EOS."""
-    from gguf import GGUFReader
-
-    fields = GGUFReader(str(gguf_path)).fields
+    not add, 5.25 gives none, and neither gives Gemma the BOS its GGUF asks for. Absent flags follow llama.cpp for
+    the vocabularies the zoo holds: SentencePiece ("llama") adds BOS, byte-level BPE does not; neither adds EOS.
+    Only the post-processor in the saved tokenizer.json carries the choice (transformers does not save the two
+    flags), so a reloaded tokenizer applies it without knowing it: nothing may set those flags again."""
 
     def flag(key: str, default: bool) -> bool:
         field = fields.get(key)
         return default if field is None else bool(field.parts[field.data[0]][0])
 
-    model = fields["tokenizer.ggml.model"]
-    spm = bytes(model.parts[model.data[0]]).decode() == "llama"
-    tokenizer.add_bos_token = flag("tokenizer.ggml.add_bos_token", spm)  # each setter rebuilds the post-processor
+    def string(key: str) -> str:
+        field = fields.get(key)
+        return "" if field is None else bytes(field.parts[field.data[0]]).decode()
+
+    add_bos = flag("tokenizer.ggml.add_bos_token", string("tokenizer.ggml.model") == "llama")
+    if add_bos and tokenizer.bos_token is None:
+        bos = fields.get("tokenizer.ggml.bos_token_id")
+        if bos is None:
+            raise ModelConversionError(f"{name}'s GGUF asks for a BOS token but names none "
+                                       "(tokenizer.ggml.bos_token_id)")
+        tokenizer.bos_token = tokenizer.convert_ids_to_tokens(int(bos.parts[bos.data[0]][0]))
+    tokenizer.add_bos_token = add_bos  # each setter rebuilds the post-processor
     tokenizer.add_eos_token = flag("tokenizer.ggml.add_eos_token", False)
 
 
-def _gemma_tokenizer(gguf_path: Path, broken):
+def _gemma_tokenizer(fields, broken):
     """Rebuild Gemma's tokenizer with its BPE merges.
 
     transformers 5.2 converts a Gemma GGUF vocabulary into a BPE tokenizer with no merges, which
@@ -59,11 +71,9 @@ def _gemma_tokenizer(gguf_path: Path, broken):
     SentencePiece-BPE merges follow from the GGUF piece scores: merge (a, b) ranks by the score of a+b.
     """
     import numpy as np
-    from gguf import GGUFReader
     from transformers.convert_slow_tokenizer import generate_merges
     from transformers.models.gemma.tokenization_gemma import GemmaTokenizer
 
-    fields = GGUFReader(str(gguf_path)).fields
     scores = [float(fields["tokenizer.ggml.scores"].parts[i][0]) for i in fields["tokenizer.ggml.scores"].data]
     types = np.array([int(fields["tokenizer.ggml.token_type"].parts[i][0])
                       for i in fields["tokenizer.ggml.token_type"].data])

@@ -67,7 +67,7 @@ class Protocol(ABC):
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
+            raise ConfigError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
 
     @abstractmethod
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:

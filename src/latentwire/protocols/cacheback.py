@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 
 from ..agent import KV_PROMPT, LATENT_MODES, MESSAGE_PROMPT, Agent
-from ..errors import ContextOverflowError, UnknownNameError
+from ..errors import ConfigError, ContextOverflowError, UnknownNameError
 from ..message import Rows
 from ..select import (CONTEXTS, SELECTORS, SPAN, TextSelector, always_kept, context_rows, fanin_budget, mass_budget,
                       fused_row_scores, get_selector, select_rows, span_units, sentence_groups, unit_ranks, unit_row_scores)
@@ -88,7 +88,8 @@ class CacheBack(Protocol):
     # finished state (`query_for`; not kept, not sent) and their attention joins the question's: the rows a model
     # reads as it starts to answer (whose "she", what "hometown" means). 0: the question alone.
     probe: int = 0
-    probe_mix: str = "join"  # PROBE_MIXES: "and" costs one more scoring pass per question
+    probe_mix: str = "join"  # PROBE_MIXES: "and" scores the question's turn alone too (one more pass per question,
+    # two under "masked" calibration; "generic" mixes its background once per stored state)
     # "generic": the question's scores ÷ those of GENERIC_QUESTION (scored once per stored state and reused
     # by every follow-up question); "masked": ÷ those of the question with its content words replaced by
     # "thing" (same length and shape, one more scoring pass per question). See `calibrate`.
@@ -110,15 +111,15 @@ class CacheBack(Protocol):
     def __post_init__(self):
         super().__post_init__()
         if self.ratio < 1:
-            raise ValueError(f"ratio must be ≥ 1, got {self.ratio}")
+            raise ConfigError(f"ratio must be ≥ 1, got {self.ratio}")
         if self.mass is not None and not 0 < self.mass <= 1:
-            raise ValueError(f"mass must be in (0, 1] (None: the fixed budget), got {self.mass!r}")
+            raise ConfigError(f"mass must be in (0, 1] (None: the fixed budget), got {self.mass!r}")
         if not self.max_ratio >= self.ratio:
-            raise ValueError(f"max_ratio (the adaptive floor) must be ≥ ratio (the cap), got {self.max_ratio}")
+            raise ConfigError(f"max_ratio (the adaptive floor) must be ≥ ratio (the cap), got {self.max_ratio}")
         if not isinstance(self.unit_floor, bool):
-            raise ValueError(f"unit_floor must be a bool, got {self.unit_floor!r}")
+            raise ConfigError(f"unit_floor must be a bool, got {self.unit_floor!r}")
         if self.latent_steps < 0:
-            raise ValueError(f"latent_steps must be ≥ 0, got {self.latent_steps}")
+            raise ConfigError(f"latent_steps must be ≥ 0, got {self.latent_steps}")
         if self.latent_mode not in LATENT_MODES:
             raise UnknownNameError("latent mode", self.latent_mode, LATENT_MODES)
         if self.encoding not in ENCODINGS:
@@ -130,24 +131,24 @@ class CacheBack(Protocol):
         if self.span_mode not in SPAN_MODES:
             raise UnknownNameError("span mode", self.span_mode, SPAN_MODES)
         if self.span < 1:
-            raise ValueError(f"span must be ≥ 1, got {self.span}")
+            raise ConfigError(f"span must be ≥ 1, got {self.span}")
         if self.context not in CONTEXTS:
             raise UnknownNameError("context", self.context, CONTEXTS)
         if self.context != "none" and self.span_mode != "sentence":
-            raise ValueError(f"context {self.context!r} takes along whole sentences: it needs span_mode 'sentence'")
+            raise ConfigError(f"context {self.context!r} takes along whole sentences: it needs span_mode 'sentence'")
         if self.calibration not in CALIBRATIONS:
             raise UnknownNameError("calibration", self.calibration, CALIBRATIONS)
         if self.calibration_floor <= 0:
-            raise ValueError(f"calibration_floor must be > 0, got {self.calibration_floor}")
+            raise ConfigError(f"calibration_floor must be > 0, got {self.calibration_floor}")
         if isinstance(self.probe, bool) or not isinstance(self.probe, int) or self.probe < 0:
-            raise ValueError(f"probe must be an int ≥ 0 (answer tokens decoded to score with), got {self.probe!r}")
+            raise ConfigError(f"probe must be an int ≥ 0 (answer tokens decoded to score with), got {self.probe!r}")
         if self.probe_mix not in PROBE_MIXES:
             raise UnknownNameError("probe mix", self.probe_mix, PROBE_MIXES)
         if self.probe_mix != "join" and not self.probe:
-            raise ValueError(f"probe_mix {self.probe_mix!r} combines the probe's scores with the question's: "
+            raise ConfigError(f"probe_mix {self.probe_mix!r} combines the probe's scores with the question's: "
                              "it needs probe ≥ 1")
         if self.probe and self.query_format != "turn":
-            raise ValueError("probe decodes the sender's answer to the question's turn: it needs query_format 'turn'")
+            raise ConfigError("probe decodes the sender's answer to the question's turn: it needs query_format 'turn'")
         self._selector = get_selector(self.selector, **self.selector_params)
         self._selector.check_installed()  # a kvpress selector without the extra: refused before any compute
         self._fuse = None
@@ -156,13 +157,13 @@ class CacheBack(Protocol):
                 raise UnknownNameError("text selector to fuse", self.fuse,
                                        [n for n in SELECTORS.names() if issubclass(SELECTORS[n], TextSelector)])
             if isinstance(self._selector, TextSelector):
-                raise ValueError(f"fuse= combines a state selector with a text one; {self.selector!r} is a text selector")
+                raise ConfigError(f"fuse= combines a state selector with a text one; {self.selector!r} is a text selector")
             if not self.fuse_k > 0:
-                raise ValueError(f"fuse_k must be > 0, got {self.fuse_k!r}")
+                raise ConfigError(f"fuse_k must be > 0, got {self.fuse_k!r}")
             self._fuse = get_selector(self.fuse)
         for knob, on in (("calibration", self.calibration != "none"), ("probe", self.probe > 0)):
             if on and (not self._selector.query_conditioned or isinstance(self._selector, TextSelector)):
-                raise ValueError(f"{knob} needs a query-conditioned state selector, not {self.selector!r}")
+                raise ConfigError(f"{knob} needs a query-conditioned state selector, not {self.selector!r}")
         # stored state -> its generic background scores and probe texts: follow-ups reuse them (states are values)
         self._memo: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # state -> background scores, probes
         self._windowed: dict = {}  # observation window -> query-aware SnapKV selector (`selector_for`)

@@ -43,7 +43,7 @@ class CacheBackChain(CacheBack):
         if self.budget not in BUDGETS:
             raise UnknownNameError("chain budget", self.budget, BUDGETS)
         if self.max_rows < 1:
-            raise ValueError(f"max_rows must be ≥ 1, got {self.max_rows}")
+            raise ConfigError(f"max_rows must be ≥ 1, got {self.max_rows}")
         if self.context != "none" or self.mass is not None:
             raise ConfigError("cacheback_chain sets each hop's budget itself: context= and mass= are for fan-in")
         if self.encoding == "kv":

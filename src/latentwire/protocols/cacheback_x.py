@@ -102,19 +102,19 @@ class CacheBackX(CacheBack):
         if self.delivery not in DELIVERIES:
             raise UnknownNameError("delivery", self.delivery, DELIVERIES)
         if self.encoding != "rows":
-            raise ValueError("cacheback_x sends Spans (wire encoding 'spans' or 'spans_latent') or translated K/V "
+            raise ConfigError("cacheback_x sends Spans (wire encoding 'spans' or 'spans_latent') or translated K/V "
                              "('kv'), by delivery: leave `encoding` at its default")
         if (self.delivery == "spans+latent") != (self.latent_map is not None):
-            raise ValueError("delivery 'spans+latent' needs latent_map= (a folder written by LatentMap.save, or a "
+            raise ConfigError("delivery 'spans+latent' needs latent_map= (a folder written by LatentMap.save, or a "
                              "LatentMap) and 'spans' takes none")
         if not isinstance(self.latent_map, (str, Path, LatentMap, type(None))):
-            raise ValueError(f"latent_map: want a folder or a LatentMap, got {type(self.latent_map).__name__}")
+            raise ConfigError(f"latent_map: want a folder or a LatentMap, got {type(self.latent_map).__name__}")
         if (self.delivery == "translated") != (self.translator is not None):
-            raise ValueError("delivery 'translated' needs translator= (a dense translator checkpoint folder, or the "
+            raise ConfigError("delivery 'translated' needs translator= (a dense translator checkpoint folder, or the "
                              "translator) and the other deliveries take none")
         if self.translator is not None:
             if not isinstance(self.translator, (str, Path, Translator)):
-                raise ValueError(f"translator: want a checkpoint folder or a Translator, got "
+                raise ConfigError(f"translator: want a checkpoint folder or a Translator, got "
                                  f"{type(self.translator).__name__}")
             method = self.translator.name if isinstance(self.translator, Translator) else \
                 read_header(self.translator).get("method")

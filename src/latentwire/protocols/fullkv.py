@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..agent import LATENT_MODES, Agent
-from ..errors import ContextOverflowError, UnknownNameError
+from ..errors import ConfigError, ContextOverflowError, UnknownNameError
 from ..state import KVState
 from .base import after_first, QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, sender_prompt_lengths, timed
 from .reads import Read, read
@@ -28,7 +28,7 @@ class FullKV(Protocol):
     def __post_init__(self):
         super().__post_init__()
         if self.latent_steps < 0:
-            raise ValueError(f"latent_steps must be ≥ 0, got {self.latent_steps}")
+            raise ConfigError(f"latent_steps must be ≥ 0, got {self.latent_steps}")
         if self.latent_mode not in LATENT_MODES:
             raise UnknownNameError("latent mode", self.latent_mode, LATENT_MODES)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..agent import Agent
-from ..errors import UnknownNameError
+from ..errors import ConfigError, UnknownNameError
 from ..merge import RENDERS, Fragment, FragmentSet, get_render
 from ..state import KVState
 from .base import Outcome, register
@@ -40,15 +40,15 @@ class Merge(FullKV):
         if self.render not in RENDERS:
             raise UnknownNameError("render", self.render, RENDERS)
         if self.order is not None and self.render != "bag":
-            raise ValueError("order applies to render='bag' only (CanonicalMerge chooses its own order)")
+            raise ConfigError("order applies to render='bag' only (CanonicalMerge chooses its own order)")
         if self.layer is not None and self.render != "canonical":
-            raise ValueError("layer applies to render='canonical' only")
+            raise ConfigError("layer applies to render='canonical' only")
         if self.direction != "ascending" and self.render != "canonical":
-            raise ValueError("direction applies to render='canonical' only")
+            raise ConfigError("direction applies to render='canonical' only")
         if type(self.dedupe) is not bool:
-            raise ValueError(f"dedupe must be True or False, got {self.dedupe!r}")
+            raise ConfigError(f"dedupe must be True or False, got {self.dedupe!r}")
         if not self.dedupe and self.render != "bag":
-            raise ValueError("dedupe=False applies to render='bag' only (CanonicalMerge renders the FragmentSet, "
+            raise ConfigError("dedupe=False applies to render='bag' only (CanonicalMerge renders the FragmentSet, "
                              "which absorbs identical states)")
         params = {"order": self.order} if self.render == "bag" else {"layer": self.layer, "direction": self.direction}
         self._render = get_render(self.render, **params)

@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 
 from ..agent import Agent
-from ..errors import GeometryMismatchError, UnknownNameError
+from ..errors import ConfigError, GeometryMismatchError, UnknownNameError
 from .base import Outcome, Protocol, register
 
 PACK_PROMPT = "Read this document.\n\n{document}\n\nQuestion: {question}\nAnswer briefly."
@@ -38,7 +38,7 @@ class PackLLM(Protocol):
     def __post_init__(self):
         super().__post_init__()
         if self.tau <= 0:
-            raise ValueError(f"tau must be > 0, got {self.tau}")
+            raise ConfigError(f"tau must be > 0, got {self.tau}")
         if self.scope not in SCOPES:
             raise UnknownNameError("perplexity scope", self.scope, SCOPES)
 

@@ -38,6 +38,7 @@ from ..translate.base import WEIGHTS, Translator, read_header
 from ..translate.compose import PairStates, compose, needs
 from .base import after_first, QUESTION_SUFFIX, SENDER_PROMPT, Outcome, timed
 from .text import REPORT_PROMPTS
+from ..errors import ConfigError
 
 BOTH_PROMPT = "Read these documents.\n\n{first}\n\n{second}"
 NOTES_HEADER = "\n\nNotes from a colleague who read another document:\n"
@@ -62,7 +63,7 @@ class PairProtocol(ABC):
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
+            raise ConfigError(f"max_new_tokens must be ≥ 1, got {self.max_new_tokens}")
 
     @abstractmethod
     def run(self, sharer: Agent, receiver: Agent, sharer_doc: str, receiver_doc: str, question: str) -> Outcome:
@@ -106,7 +107,7 @@ class T2T(PairProtocol):
     def __post_init__(self):
         super().__post_init__()
         if self.max_note_tokens < 1:
-            raise ValueError(f"max_note_tokens must be ≥ 1, got {self.max_note_tokens}")
+            raise ConfigError(f"max_note_tokens must be ≥ 1, got {self.max_note_tokens}")
 
     def run(self, sharer, receiver, sharer_doc, receiver_doc, question) -> Outcome:
         notes, sharer_s = timed(sharer.answer, REPORT_PROMPTS["notes"].format(document=sharer_doc, question=question),
@@ -167,10 +168,10 @@ class Translated(PairProtocol):
     def __post_init__(self):
         super().__post_init__()
         if not self.checkpoint:
-            raise ValueError("needs checkpoint='<translator folder>' (see `latentwire train`)")
+            raise ConfigError("needs checkpoint='<translator folder>' (see `latentwire train`)")
         self.method = read_header(self.checkpoint).get("method")
         if self.context_aware and self.method != "dense":
-            raise ValueError(f"context_aware applies to dense alignment only; {self.checkpoint} is {self.method}")
+            raise ConfigError(f"context_aware applies to dense alignment only; {self.checkpoint} is {self.method}")
 
     @property
     def translator(self) -> Translator:

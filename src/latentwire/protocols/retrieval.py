@@ -54,11 +54,11 @@ class Retrieval(Protocol):
     def __post_init__(self):
         super().__post_init__()
         if self.ratio < 1:
-            raise ValueError(f"ratio must be ≥ 1, got {self.ratio}")
+            raise ConfigError(f"ratio must be ≥ 1, got {self.ratio}")
         if self.span_mode not in SPAN_MODES:
             raise UnknownNameError("span mode", self.span_mode, SPAN_MODES)
         if self.span < 1:
-            raise ValueError(f"span must be ≥ 1, got {self.span}")
+            raise ConfigError(f"span must be ≥ 1, got {self.span}")
         if self.selector not in SELECTORS:
             raise UnknownNameError("selector", self.selector, SELECTORS)
         if not issubclass(SELECTORS[self.selector], TextSelector):
@@ -68,7 +68,7 @@ class Retrieval(Protocol):
         if self.context not in CONTEXTS:
             raise UnknownNameError("context", self.context, CONTEXTS)
         if self.context != "none" and self.span_mode != "sentence":
-            raise ValueError(f"context {self.context!r} takes along whole sentences: it needs span_mode 'sentence'")
+            raise ConfigError(f"context {self.context!r} takes along whole sentences: it needs span_mode 'sentence'")
         self._selector = get_selector(self.selector, **self.selector_params)
 
     def pick(self, sender: Agent, document: str, question: str) -> Picked:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from ..agent import Agent
-from ..errors import UnknownNameError
+from ..errors import ConfigError, UnknownNameError
 from .base import after_first, SENDER_PROMPT, Outcome, Protocol, register
 from .reads import report, report_after
 
@@ -55,9 +55,9 @@ class Text(Protocol):
     def __post_init__(self):
         super().__post_init__()
         if self.max_report_tokens < 1:
-            raise ValueError(f"max_report_tokens must be ≥ 1, got {self.max_report_tokens}")
+            raise ConfigError(f"max_report_tokens must be ≥ 1, got {self.max_report_tokens}")
         if self.ratio is not None and self.ratio < 1:
-            raise ValueError(f"ratio must be ≥ 1, got {self.ratio}")
+            raise ConfigError(f"ratio must be ≥ 1, got {self.ratio}")
         if self.report not in REPORT_PROMPTS:
             raise UnknownNameError("report kind", self.report, REPORT_PROMPTS)
         if self.read not in READS:

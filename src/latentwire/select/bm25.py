@@ -14,6 +14,7 @@ import torch
 from ..placement import HOST
 from .base import TextSelector, register
 from .lexical import STOPWORDS, words
+from ..errors import ConfigError
 
 
 @lru_cache(maxsize=4)
@@ -51,9 +52,9 @@ class BM25Selector(TextSelector):
 
     def __post_init__(self):
         if not 0 <= self.k1 < float("inf"):
-            raise ValueError(f"k1 must be a finite number ≥ 0, got {self.k1!r}")
+            raise ConfigError(f"k1 must be a finite number ≥ 0, got {self.k1!r}")
         if not 0 <= self.b <= 1:
-            raise ValueError(f"b must be in [0, 1], got {self.b!r}")
+            raise ConfigError(f"b must be in [0, 1], got {self.b!r}")
 
     def prepare(self) -> None:
         _bm25s()  # its first import takes most of a second: not a question's cost

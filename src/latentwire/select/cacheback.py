@@ -31,6 +31,7 @@ from ..agent import Agent
 from ..state import KVState
 from .base import Selector, register
 from ..attention import attend_grouped, query_attention
+from ..errors import ConfigError
 
 POOLINGS = ("avg", "max", "none")
 CORRECTION_GROUPS = ("kv_head", "layer_kv_head")
@@ -102,19 +103,19 @@ class CacheBackSelector(Selector):
 
     def __post_init__(self):
         if isinstance(self.p, bool) or not isinstance(self.p, (int, float)) or not 0 <= self.p < math.inf:
-            raise ValueError(f"p must be a finite number ≥ 0, got {self.p!r}")
+            raise ConfigError(f"p must be a finite number ≥ 0, got {self.p!r}")
         if isinstance(self.inner_power, bool) or not isinstance(self.inner_power, (int, float)) \
                 or not 0 < self.inner_power < math.inf:
-            raise ValueError(f"inner_power must be a finite number > 0, got {self.inner_power!r}")
+            raise ConfigError(f"inner_power must be a finite number > 0, got {self.inner_power!r}")
         if self.correction_over not in CORRECTION_GROUPS:
-            raise ValueError(f"correction_over must be one of {CORRECTION_GROUPS}, got {self.correction_over!r}")
+            raise ConfigError(f"correction_over must be one of {CORRECTION_GROUPS}, got {self.correction_over!r}")
         if self.pooling not in POOLINGS:
-            raise ValueError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
+            raise ConfigError(f"pooling must be one of {POOLINGS}, got {self.pooling!r}")
         if self.window < 1 or self.window % 2 == 0:
-            raise ValueError(f"window must be a positive odd number, got {self.window}")
+            raise ConfigError(f"window must be a positive odd number, got {self.window}")
         if isinstance(self.min_depth, bool) or not isinstance(self.min_depth, (int, float)) \
                 or not 0 <= self.min_depth < 1:
-            raise ValueError(f"min_depth must be a number in [0, 1), got {self.min_depth!r}")
+            raise ConfigError(f"min_depth must be a number in [0, 1), got {self.min_depth!r}")
 
     def score(self, agent: Agent, state: KVState, query: str) -> torch.Tensor:
         if self.correction_over == "kv_head" or self.p == 0:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..errors import MissingExtraError, UnknownNameError
+from ..errors import ConfigError, MissingExtraError, UnknownNameError
 from ..placement import HOST
 from .base import TextSelector, register
 
@@ -80,7 +80,7 @@ class DenseSelector(TextSelector):
         if self.pooling not in POOLINGS:
             raise UnknownNameError("pooling", self.pooling, POOLINGS)
         if self.batch_size < 1:
-            raise ValueError(f"batch_size must be ≥ 1, got {self.batch_size}")
+            raise ConfigError(f"batch_size must be ≥ 1, got {self.batch_size}")
         model_source(self.model)  # a missing extra fails here, before any run
 
     def prepare(self) -> None:

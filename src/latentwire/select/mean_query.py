@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from .base import register
 from .cacheback import CacheBackSelector
+from ..errors import ConfigError
 
 
 @register
@@ -16,4 +17,4 @@ class MeanQuerySelector(CacheBackSelector):
     def __post_init__(self):
         super().__post_init__()
         if self.p != 0:
-            raise ValueError("mean_query is p = 0; use the cacheback selector for p > 0")
+            raise ConfigError("mean_query is p = 0; use the cacheback selector for p > 0")

@@ -133,6 +133,7 @@ from ..state import KVState
 from .base import Selector, register
 from .press_recording import (CHUNKKV_SCORERS, _kv, _refuse_sliding, _with_latents, chunk_row_scores,  # noqa: F401
                               kvpress_installed, kvzip_scores, require_kvpress, record_prefill_scores, recording_press, refuse_rope_kvpress_cannot_rotate)
+from ..errors import ConfigError
 
 if TYPE_CHECKING:
     from kvpress import BasePress
@@ -239,9 +240,9 @@ class ChunkKVSelector(PressSelector):
 
     def __post_init__(self):
         if self.scorer not in CHUNKKV_SCORERS:
-            raise ValueError(f"scorer must be one of {CHUNKKV_SCORERS}, got {self.scorer!r}")
+            raise ConfigError(f"scorer must be one of {CHUNKKV_SCORERS}, got {self.scorer!r}")
         if self.chunk_length < 1:
-            raise ValueError(f"chunk_length must be ≥ 1, got {self.chunk_length}")
+            raise ConfigError(f"chunk_length must be ≥ 1, got {self.chunk_length}")
         _check_snapkv(self.window_size, self.kernel_size)
 
     def make_press(self, n_tokens: int) -> "BasePress":
@@ -264,9 +265,9 @@ class KVzipSelector(Selector):
 
     def __post_init__(self):
         if self.chunk_size < 1:
-            raise ValueError(f"chunk_size must be ≥ 1, got {self.chunk_size}")
+            raise ConfigError(f"chunk_size must be ≥ 1, got {self.chunk_size}")
         if not isinstance(self.plus, bool):
-            raise ValueError(f"plus must be a bool, got {self.plus!r}")
+            raise ConfigError(f"plus must be a bool, got {self.plus!r}")
 
     def score(self, agent: Agent, state: KVState, query: str) -> torch.Tensor:
         self.last_seconds = self.last_press_seconds = 0.0

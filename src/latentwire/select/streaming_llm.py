@@ -12,6 +12,7 @@ import torch
 from ..agent import Agent
 from ..state import KVState
 from .base import Selector, register
+from ..errors import ConfigError
 
 
 @register
@@ -22,7 +23,7 @@ class StreamingLLMSelector(Selector):
 
     def __post_init__(self):
         if self.sinks < 0:
-            raise ValueError(f"sinks must be ≥ 0, got {self.sinks}")
+            raise ConfigError(f"sinks must be ≥ 0, got {self.sinks}")
 
     def score(self, agent: Agent, state: KVState, query: str) -> torch.Tensor:
         T = len(state)

@@ -57,12 +57,12 @@ class DenseAlignmentConfig(TranslatorConfig):
         for name in ("groups", "rank"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise ValueError(f"dense: {name} must be an int ≥ 0, got {v!r}")
+                raise ConfigError(f"dense: {name} must be an int ≥ 0, got {v!r}")
         if self.context_aware is not None and not isinstance(self.context_aware, bool):
-            raise ValueError(f"dense: context_aware must be True, False or None, got {self.context_aware!r}")
+            raise ConfigError(f"dense: context_aware must be True, False or None, got {self.context_aware!r}")
         for name in ("init_gate", "map_init"):
             if not 0 < getattr(self, name) < 1:
-                raise ValueError(f"dense: {name} must be in (0, 1), got {getattr(self, name)!r}")
+                raise ConfigError(f"dense: {name} must be in (0, 1), got {getattr(self, name)!r}")
 
 
 @register

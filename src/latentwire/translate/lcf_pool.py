@@ -28,6 +28,7 @@ from torch import nn
 
 from ..state import Geometry, KVState
 from .layers import LayerGroup, rms
+from ..errors import ConfigError
 
 
 @dataclass(frozen=True, eq=False)
@@ -40,12 +41,12 @@ class Spans:
 
     def __post_init__(self):
         if self.index.dim() != 2 or self.index.dtype != torch.int64:
-            raise ValueError(f"spans.index: want (n, m) int64, got {tuple(self.index.shape)} {self.index.dtype}")
+            raise ConfigError(f"spans.index: want (n, m) int64, got {tuple(self.index.shape)} {self.index.dtype}")
         if self.mask.shape != self.index.shape or self.mask.dtype != torch.bool:
-            raise ValueError(f"spans.mask: want {tuple(self.index.shape)} bool, "
+            raise ConfigError(f"spans.mask: want {tuple(self.index.shape)} bool, "
                              f"got {tuple(self.mask.shape)} {self.mask.dtype}")
         if self.lengths.shape != self.index.shape[:1] or self.lengths.dtype != torch.int64:
-            raise ValueError(f"spans.lengths: want ({self.index.shape[0]},) int64, got {tuple(self.lengths.shape)}")
+            raise ConfigError(f"spans.lengths: want ({self.index.shape[0]},) int64, got {tuple(self.lengths.shape)}")
 
 
 def spans(positions: torch.Tensor, width: int) -> Spans:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..errors import StateFormatError
+from ..errors import ConfigError, StateFormatError
 from ..state import Geometry, KVState
 from .base import Translator, TranslatorConfig, register, with_layers
 from .layers import add_residuals, depth_map, layer_groups, rms, unrotated
@@ -39,7 +39,7 @@ class LCFXConfig(TranslatorConfig):
     def __post_init__(self):
         for name in ("slots", "dim", "hidden", "span"):
             if getattr(self, name) < 1:
-                raise ValueError(f"lcfx: {name} must be ≥ 1, got {getattr(self, name)}")
+                raise ConfigError(f"lcfx: {name} must be ≥ 1, got {getattr(self, name)}")
 
 
 class LayerFuser(nn.Module):

@@ -25,6 +25,7 @@ from torch import nn
 from ..state import Geometry, KVState
 from .base import Translator, TranslatorConfig, register, with_layers
 from .layers import LayerGroup, LayerMap, SlotPool, add_group_residuals, layer_groups, rms
+from ..errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -37,9 +38,9 @@ class XKVConfig(TranslatorConfig):
     def __post_init__(self):
         for name in ("slots", "dim", "heads", "mixer_layers"):
             if getattr(self, name) < 1:
-                raise ValueError(f"xkv: {name} must be ≥ 1, got {getattr(self, name)}")
+                raise ConfigError(f"xkv: {name} must be ≥ 1, got {getattr(self, name)}")
         if self.dim % self.heads:
-            raise ValueError(f"xkv: dim {self.dim} is not divisible by heads {self.heads}")
+            raise ConfigError(f"xkv: dim {self.dim} is not divisible by heads {self.heads}")
 
 
 @register
