@@ -71,23 +71,32 @@ CBDP8 = f"cacheback(ratio=8, calibration='generic', selector_params={DEEP!r}, pr
 # episodes (seed 7, n = 30: `latentwire bench run`), where spans answered 0.50 against the same selection's re-prefilled
 # rows 0.33 and dense text 0.53; added after paraphrase 100, coref 100, aggregate 27, facts1_500 25 and code1 16.
 CBXP8 = "cacheback_x(ratio=8, probe=16)"
+# Draft queries (`text_query='draft'`): each sender decodes its 16-token answer draft on its held state, and a text
+# selector (the dense retriever, or BM25) picks its sentences against the question followed by that draft; sent as
+# spans. Chosen on dev episodes (seed 7, n = 30; docs/results/rival/dev7): paraphrase dense + draft 0.67 (dense text
+# 0.53), BM25 + draft 0.53; coref BM25 + draft and the probe's spans lead, dense + draft loses. Added after
+# paraphrase 100, coref 100, aggregate 39, facts1_500 28 and code1 16.
+CBXDD8 = "cacheback_x(ratio=8, probe=16, selector='dense', text_query='draft')"
+CBXBD8 = "cacheback_x(ratio=8, probe=16, selector='bm25', text_query='draft')"
 BM25, DENSE, BM25_16 = ("retrieval(selector='bm25')", "retrieval(selector='dense')",
                         "retrieval(selector='bm25', ratio=16)")
 TEXT, TEXT8, FULLKV, FULLCTX = "text", "text(ratio=8)", "fullkv(latent_steps=8)", "fullcontext"
 PROTOCOLS = [TEXT, TEXT8, BM25, DENSE, BM25_16, CB8, CB16, CBX8, CBG8, CBKV8, FULLKV, FULLCTX, CBD8, CBDL8, BM25L,
-             CBDF8, CBP8, CBDP8, CBXP8]
+             CBDF8, CBP8, CBDP8, CBXP8, CBXDD8, CBXBD8]
 FAMILY = [(CB8, BM25), (CB8, DENSE), (CB8, TEXT8), (CB8, TEXT), (CB8, FULLCTX), (CB8, FULLKV), (CB16, BM25_16),
           (CBX8, BM25), (CBX8, CB8), (CBG8, CB8), (CBG8, BM25), (CBKV8, BM25), (CBKV8, CB8), (BM25, TEXT),
           (BM25, FULLCTX),
           (DENSE, BM25), (CBD8, BM25), (CBD8, CB8), (CBDL8, BM25L), (CBDL8, CBD8), (CBDL8, BM25),
           (BM25L, BM25), (CBDF8, DENSE), (CBDF8, BM25), (CBDF8, CBD8),
           (CBP8, CB8), (CBP8, BM25), (CBDP8, BM25), (CBDP8, BM25L), (CBDP8, DENSE),
-          (CBDP8, CBD8), (CBXP8, BM25), (CBXP8, DENSE)]  # pre-specified: the cell's Holm family
+          (CBDP8, CBD8), (CBXP8, BM25), (CBXP8, DENSE),
+          (CBXDD8, DENSE), (CBXDD8, BM25), (CBXBD8, BM25)]  # pre-specified: the cell's Holm family
 CONTENDERS = {"CacheBack 8×": CB8, "CacheBack 8× calibrated": CBG8, "CacheBack 8× contrastive": CBD8,
               "CacheBack 8× contrastive + lead": CBDL8, "BM25 text + lead": BM25L,
               "CacheBack 8× contrastive ⊕ dense": CBDF8,
               "CacheBack 8× probe": CBP8, "CacheBack 8× contrastive + probe": CBDP8,
               "CacheBack 8× spans": CBX8, "CacheBack 8× spans + probe": CBXP8,
+              "draft + dense text": CBXDD8, "draft + BM25 text": CBXBD8,
               "CacheBack 8× K/V": CBKV8, "BM25 text": BM25, "dense text": DENSE, "text reports": TEXT,
               "full KV": FULLKV, "full context": FULLCTX}
 RECALL_SELECTORS = ("cacheback", "cacheback+generic", "mean_query", "lexical", "bm25", "dense", "random")
@@ -240,7 +249,7 @@ def winner_row(task: str, comps: list[dict], acc: dict) -> str:
                        for k in CONTENDERS)
     goals = []
     for a, b in ((CB8, BM25), (CBG8, BM25), (CBD8, BM25), (CBDL8, BM25L), (CBDF8, DENSE), (CBDP8, BM25),
-                 (CBDP8, BM25L), (CBXP8, BM25)):
+                 (CBDP8, BM25L), (CBXP8, BM25), (CBXDD8, BM25), (CBXDD8, DENSE), (CBXBD8, BM25)):
         c = next((c for c in comps if c["a"] == a and c["b"] == b), None)
         if c is not None:
             text = "{:+.0f} pp [{:+.0f}, {:+.0f}], Holm p {:.2g}".format(*(100 * x for x in c["diff"]), c["p_holm"])
@@ -250,7 +259,8 @@ def winner_row(task: str, comps: list[dict], acc: dict) -> str:
 
 def write_index(out: Path, cells: list[str], n: int, seed: int) -> None:
     head = ("| task | n | " + " | ".join(CONTENDERS) + " | CacheBack 8× − BM25 text (default / calibrated / contrastive; contrastive + lead − BM25 + lead; "
-            "contrastive ⊕ dense − dense text; contrastive + probe − BM25 text / − BM25 + lead; spans + probe − BM25 text) |")
+            "contrastive ⊕ dense − dense text; contrastive + probe − BM25 text / − BM25 + lead; spans + probe − BM25 text; "
+            "draft + dense − BM25 text / − dense text; draft + BM25 − BM25 text) |")
     lines = ["# The honest rival: CacheBack against retrieval sent as text", "",
              "Fan-in of 3 senders, Qwen2.5-Coder-0.5B-Instruct for every agent, default placement. Per contender: "
              "accuracy [95% bootstrap CI], median TTEOA. The last column is the pre-specified goal comparison "

@@ -108,3 +108,60 @@ def test_bad_probe_settings_are_typed_errors(fields):
 def test_an_unknown_probe_mix_lists_the_valid_ones():
     with pytest.raises(UnknownNameError, match="join"):
         CacheBack(probe=4, probe_mix="or")
+
+
+CRATES = ("Facilities log. The access code of the north door is 7341. Halifax is where Vera grew up. "
+          "The lobby lights were replaced. Lunch moved to Friday.")
+
+
+def _chosen_text(cb, agent, state, question):
+    from latentwire.protocols.documents import document_rows
+
+    per_row, eligible = document_rows(agent, CRATES, len(state))
+    rows = cb.choose(agent, state, question, eligible, cb.span_groups(per_row, CRATES), per_row, CRATES)
+    spans = [per_row[r] for r in rows.tolist() if r < len(per_row) and per_row[r] is not None]
+    return "".join(CRATES[a:b] for a, b in spans)
+
+
+@pytest.mark.parametrize("fuse", [None, "bm25"])
+def test_draft_query_lets_word_overlap_find_what_the_sender_said(agent_for, fuse):
+    """The question shares no word with its evidence; the sender's draft does ("Halifax"), so BM25 over
+    question + draft picks that sentence, over the question alone it does not."""
+    agent = agent_for("llama")
+    fields = dict(ratio=6, latent_steps=0, span_mode="sentence", probe=4)
+    fields.update(selector="bm25") if fuse is None else fields.update(fuse=fuse, fuse_k=0.5)
+    question = "What is the hometown of the person?"
+    draft = CacheBack(**fields, text_query="draft")
+    plain = CacheBack(**{**fields, "probe": 4 if fuse else 0})
+    state = draft.read(agent, CRATES)
+    for cb in (plain, draft):  # a random-weight model's draft is noise: pin it to what a sender would say
+        cb.said = lambda sender, st, q: "Vera grew up in Halifax."
+    assert "Halifax" in _chosen_text(draft, agent, state, question)
+    assert "Halifax" not in _chosen_text(plain, agent, state, question)
+
+
+def test_draft_is_decoded_once_and_shared_with_the_attention_probe(agent_for):
+    agent = agent_for("qwen2")
+    cb = CacheBack(ratio=4, latent_steps=0, span_mode="sentence", probe=3, fuse="lexical", text_query="draft")
+    state = cb.read(agent, CRATES)
+    before = sum(c.op == "answer" for c in agent.calls)
+    _chosen_text(cb, agent, state, QUESTION)
+    assert sum(c.op == "answer" for c in agent.calls) == before + 1  # one decode: the probe and the draft
+
+
+@pytest.mark.parametrize("fields, error", [
+    ({"text_query": "answer"}, UnknownNameError),
+    ({"selector": "bm25", "text_query": "draft"}, ConfigError),               # no probe to draft with
+    ({"probe": 4, "text_query": "draft"}, ConfigError),                       # no text selector reads it
+    ({"selector": "bm25", "probe": 4}, ConfigError),                          # a probe with nothing to score
+    ({"selector": "bm25", "probe": 4, "text_query": "draft", "probe_mix": "and"}, ConfigError),
+])
+def test_bad_draft_settings_are_typed_errors(fields, error):
+    with pytest.raises(error):
+        CacheBack(**fields)
+
+
+def test_bm25_with_a_draft_is_allowed_and_pickles():
+    cb = CacheBack(selector="bm25", probe=8, text_query="draft")
+    assert pickle.loads(pickle.dumps(cb)).text_query == "draft"
+    assert get_protocol("cacheback", probe=16, fuse="bm25", text_query="draft").text_query == "draft"

@@ -38,6 +38,10 @@ CALIBRATIONS = ("none", "generic", "masked")
 # attention pooled); "and" = √(scores of the turn alone × scores of turn + probe), so a row must be read both for
 # the question (whose day, which person) and while answering it (what was made of it).
 PROBE_MIXES = ("join", "and")
+# What a text selector (`selector` itself, or `fuse`) matches sentences against: the question alone, or the question
+# followed by the sender's answer draft (the probe's decoded tokens): the draft names the entity a pronoun stands
+# for and words the answer as the document does, so word overlap and embeddings find the sentence it came from.
+TEXT_QUERIES = ("question", "draft")
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,7 @@ class CacheBack(Protocol):
     # "she"), the retriever finds what a small model's attention misses (paraphrase). None: no fusion.
     fuse: str | None = None
     fuse_k: float = 60.0
+    text_query: str = "question"  # TEXT_QUERIES; "draft" needs probe ≥ 1 and a text selector (or fuse)
     # The sender reads the question with its document (kvpress's query-aware setting). With a
     # receiver-agnostic selector (snapkv) this is the strongest baseline that sees the question without
     # a receiver query; the stored state then serves that one question only. SnapKV then observes the
@@ -147,6 +152,10 @@ class CacheBack(Protocol):
         if self.probe_mix != "join" and not self.probe:
             raise ConfigError(f"probe_mix {self.probe_mix!r} combines the probe's scores with the question's: "
                              "it needs probe ≥ 1")
+        if self.text_query not in TEXT_QUERIES:
+            raise UnknownNameError("text query", self.text_query, TEXT_QUERIES)
+        if self.text_query == "draft" and not self.probe:
+            raise ConfigError("text_query 'draft' matches the sender's answer draft: it needs probe ≥ 1")
         if self.probe and self.query_format != "turn":
             raise ConfigError("probe decodes the sender's answer to the question's turn: it needs query_format 'turn'")
         self._selector = get_selector(self.selector, **self.selector_params)
@@ -161,8 +170,14 @@ class CacheBack(Protocol):
             if not self.fuse_k > 0:
                 raise ConfigError(f"fuse_k must be > 0, got {self.fuse_k!r}")
             self._fuse = get_selector(self.fuse)
-        for knob, on in (("calibration", self.calibration != "none"), ("probe", self.probe > 0)):
-            if on and (not self._selector.query_conditioned or isinstance(self._selector, TextSelector)):
+        text_only = isinstance(self._selector, TextSelector)
+        if self.text_query == "draft" and not (text_only or self._fuse is not None):
+            raise ConfigError("text_query 'draft' is what a text selector reads: set selector= to one "
+                              "(lexical, bm25, dense) or fuse= one with the state selector")
+        drafting = text_only and self.text_query == "draft"  # the probe only writes the draft: no attention
+        for knob, on in (("calibration", self.calibration != "none"), ("probe", self.probe > 0 and not drafting),
+                         ("probe_mix", self.probe_mix != "join")):
+            if on and (not self._selector.query_conditioned or text_only):
                 raise ConfigError(f"{knob} needs a query-conditioned state selector, not {self.selector!r}")
         # stored state -> its generic background scores and probe texts: follow-ups reuse them (states are values)
         self._memo: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # state -> background scores, probes
@@ -278,7 +293,8 @@ class CacheBack(Protocol):
             if per_row is None or document is None:
                 raise ValueError(f"selector {text.name!r} scores the document's text: pass per_row and document")
             units = span_units(keep, eligible, self.span, groups)
-            scores = unit_row_scores(text, question, per_row, document, len(state), units, state.device)
+            query = question if self.text_query == "question" else f"{question} {self.said(sender, state, question)}"
+            scores = unit_row_scores(text, query, per_row, document, len(state), units, state.device)
             if self._fuse is not None:
                 attention = self.scores(sender, state, question, per_row)
                 scores = fused_row_scores([unit_ranks(attention, units), unit_ranks(scores, units)], units,
