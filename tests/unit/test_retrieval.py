@@ -295,3 +295,23 @@ def test_a_full_history_read_keeps_every_row_on_sliding_layers_and_computes_the_
     assert torch.allclose(thought.last_hidden, thought_w.last_hidden, atol=1e-5)
     with pytest.raises(StateFormatError, match="full-history"):
         agent.think(windowed, 1, full_history=True)  # a windowed state cannot pretend to hold every row
+
+
+def test_dense_encoder_loads_quietly_and_refuses_a_partial_checkpoint(tmp_path, capfd):
+    from safetensors.torch import load_file, save_file
+    from transformers import BertConfig, BertModel
+
+    from latentwire.select.dense import encoder, model_source
+
+    encoder.cache_clear()
+    encoder(model_source("all-MiniLM-L6-v2"))  # its checkpoint holds a spare `position_ids` buffer: no table
+    assert "LOAD REPORT" not in capfd.readouterr().err
+    cfg = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                     intermediate_size=32, max_position_embeddings=32)
+    BertModel(cfg).save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    lost = sorted(k for k in weights if "attention.self.query.weight" in k)[0]
+    save_file({k: v for k, v in weights.items() if k != lost}, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match="lacks 1 weight") as err:
+        encoder(str(tmp_path))
+    assert "query.weight" in str(err.value)

@@ -37,12 +37,25 @@ def model_source(model: str) -> str:
 
 @lru_cache(maxsize=2)
 def encoder(source: str):
-    """(tokenizer, model) for `source`, on the CPU in float32, in eval mode."""
+    """(tokenizer, model) for `source`, on the CPU in float32, in eval mode. transformers' load report is
+    replaced by a check of our own: keys the checkpoint lacks (or holds at another shape) would leave the encoder
+    partly random, so they raise; keys it holds beyond the model (the packaged MiniLM's `position_ids` buffer)
+    are harmless and pass without a printed table."""
     from transformers import AutoModel, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
-    with HOST:  # whatever default device the caller set
-        model = AutoModel.from_pretrained(source, dtype=torch.float32).eval()
-    return AutoTokenizer.from_pretrained(source), model
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        with HOST:  # whatever default device the caller set
+            model, info = AutoModel.from_pretrained(source, dtype=torch.float32, output_loading_info=True)
+    finally:
+        hf_logging.set_verbosity(level)
+    bad = sorted(info.get("missing_keys") or []) + sorted(str(k[0]) for k in info.get("mismatched_keys") or [])
+    if bad:
+        raise ConfigError(f"the dense selector's encoder at {source!r} lacks {len(bad)} weight(s) it needs "
+                          f"(e.g. {', '.join(bad[:3])}): a partial or foreign checkpoint, not a sentence encoder")
+    return AutoTokenizer.from_pretrained(source), model.eval()
 
 
 @torch.inference_mode()
