@@ -238,65 +238,81 @@ def cell_summary(folder: Path) -> tuple[list[str], list[dict], dict]:
     return sorted(ran), comps, acc
 
 
-def winner_row(task: str, comps: list[dict], acc: dict) -> str:
-    """One row of the index: each contender's accuracy [CI] and median TTEOA, then the goal's verdicts (CacheBack
-    8× and its calibrated variant against BM25 text), bold only where the Holm-adjusted p is ≤ 0.05."""
-    if not acc:
-        return f"| {task} | not run yet |"
-    n = max(v[1] for v in acc.values())  # a contender added later says over how many episodes it ran
-    cells = " | ".join("—" if (v := acc.get(k)) is None else "{:.2f} [{:.2f}, {:.2f}]".format(*v[0])
-                       + (f" (n = {v[1]})" if v[1] < n else "") + (f", {v[2]:.1f} s" if v[2] else "")
-                       for k in CONTENDERS)
-    goals = []
-    for a, b in ((CB8, BM25), (CBG8, BM25), (CBD8, BM25), (CBDL8, BM25L), (CBDF8, DENSE), (CBDP8, BM25),
-                 (CBDP8, BM25L), (CBXP8, BM25), (CBXDD8, BM25), (CBXDD8, DENSE), (CBXBD8, BM25)):
-        c = next((c for c in comps if c["a"] == a and c["b"] == b), None)
-        if c is not None:
-            text = "{:+.0f} pp [{:+.0f}, {:+.0f}], Holm p {:.2g}".format(*(100 * x for x in c["diff"]), c["p_holm"])
-            goals.append(f"**{text}**" if c["p_holm"] <= 0.05 else text)
-    return f"| {task} | {n} | {cells} | {' / '.join(goals) or '—'} |"
+GOALS = [(CB8, BM25), (CBG8, BM25), (CBD8, BM25), (CBDL8, BM25L), (CBDF8, DENSE), (CBDP8, BM25), (CBDP8, BM25L),
+         (CBXP8, BM25), (CBXDD8, BM25), (CBXDD8, DENSE), (CBXBD8, BM25)]  # the index's verdict rows (in FAMILY)
+NAMES = {label: name for name, label in CONTENDERS.items()}
+
+
+def contender_rows(cells: dict[str, tuple]) -> list[str]:
+    """The index's first table: a row per contender, a column per cell; accuracy [CI] and median TTEOA; "(n = k)"
+    where a contender added later ran fewer of the cell's episodes."""
+    rows = []
+    for name in CONTENDERS:
+        cols = []
+        for n, _, acc in cells.values():
+            v = acc.get(name)
+            cols.append("—" if v is None else "{:.2f} [{:.2f}, {:.2f}]".format(*v[0])
+                        + (f" (n = {v[1]})" if v[1] < n else "") + (f", {v[2]:.1f} s" if v[2] else ""))
+        rows.append(f"| {name} | " + " | ".join(cols) + " |")
+    return rows
+
+
+def goal_rows(cells: dict[str, tuple]) -> list[str]:
+    """The index's second table: each pre-specified goal comparison per cell, paired difference [CI] and Holm p
+    over the cell's family; bold only where that Holm p is ≤ 0.05."""
+    rows = []
+    for a, b in GOALS:
+        cols = []
+        for _, comps, _ in cells.values():
+            c = next((c for c in comps if c["a"] == a and c["b"] == b), None)
+            text = "—" if c is None else "{:+.0f} pp [{:+.0f}, {:+.0f}], Holm p {:.2g}".format(
+                *(100 * x for x in c["diff"]), c["p_holm"])
+            cols.append(f"**{text}**" if c is not None and c["p_holm"] <= 0.05 else text)
+        rows.append(f"| {NAMES[a]} − {NAMES[b]} | " + " | ".join(cols) + " |")
+    return rows
 
 
 def write_index(out: Path, cells: list[str], n: int, seed: int) -> None:
-    head = ("| task | n | " + " | ".join(CONTENDERS) + " | CacheBack 8× − BM25 text (default / calibrated / contrastive; contrastive + lead − BM25 + lead; "
-            "contrastive ⊕ dense − dense text; contrastive + probe − BM25 text / − BM25 + lead; spans + probe − BM25 text; "
-            "draft + dense − BM25 text / − dense text; draft + BM25 − BM25 text) |")
-    lines = ["# The honest rival: CacheBack against retrieval sent as text", "",
-             "Fan-in of 3 senders, Qwen2.5-Coder-0.5B-Instruct for every agent, default placement. Per contender: "
-             "accuracy [95% bootstrap CI], median TTEOA. The last column is the pre-specified goal comparison "
-             "(paired difference [95% CI], McNemar p adjusted by Holm over the cell's family of verdicts, listed "
-             "below); it is bold only where that Holm p is ≤ 0.05. Why attention selection loses to BM25 on coref "
-             "and what contrastive scores change, on two episodes' inspect pages: [inspect/](inspect/README.md).",
-             "", head,
-             "|---|---:|" + "---|" * (len(CONTENDERS) + 1)]
-    details, environments = [], set()
+    details, environments, summaries = [], set(), {}
     for cell in cells:
         folder = out / cell
         if not (folder / "records.jsonl").exists():
-            lines.append(f"| {cell} | not run yet |")
+            summaries[f"{cell} (not run yet)"] = (0, [], {})
             continue
-        config, _ = read_run(folder)
+        config, records = read_run(folder)
         if not (folder / "report.md").exists():  # a cell another call started: its report, so the link resolves
             write_report(folder, [p for p in FAMILY if p[0] in config["config"]["protocols"]])
         _, comps, acc = cell_summary(folder)
         for env in [config["environment"], *config.get("resumed", [])]:  # each call that added records
             environments.add(f"{config['config']['dtype']} on {hardware(env)}")
-        lines.append(winner_row(cell, comps, acc))
         eps = load_episodes(folder / "episodes.jsonl")
-        have = {(r["episode"], r["protocol"]) for r in read_run(folder)[1]}
+        have = {(r["episode"], r["protocol"]) for r in records}
         done = {e.id for e in eps if all((e.id, p) in have for p in config["config"]["protocols"])}
+        runs = max((v[1] for v in acc.values()), default=0)
+        summaries[f"{cell} ({runs})"] = (runs, comps, acc)
         details += ["", f"## {cell}", "", f"{len(done)} of {len(eps)} episodes run end to end; full report: "
                     f"[{cell}/report.md]({cell}/report.md).", "", VERDICT_HEADER[0], VERDICT_HEADER[1]]
         details += [verdict(c) for c in comps] + [""] + recall_table(folder, eps)
         details += ["", "Commands: `" + "`, then `".join(commands(folder)) + "`"]
+    head = "| {} | " + " | ".join(summaries) + " |"
+    rule = "|---|" + "---|" * len(summaries)
     mixed = (" (cells, or calls resuming one, ran on different machines: compare timings within a call; each "
              "record's `run` names its call, and config.json's `resumed` that call's environment)"
              ) if len(environments) > 1 else ""
-    lines += ["", f"Ran in {'; '.join(sorted(environments))}{mixed}." if environments else "",
-              "", "Holm p: McNemar p adjusted over the cell's family (the rows of its section below). "
-              + PAIRING_NOTE] + details
+    lines = ["# The honest rival: CacheBack against retrieval sent as text", "",
+             "Fan-in of 3 senders, Qwen2.5-Coder-0.5B-Instruct for every agent, default placement; a column per "
+             "task (episodes run). Per contender: accuracy [95% bootstrap CI], median TTEOA (cold: each sender "
+             "reads its document after the question arrives). Why attention selection loses to BM25 on coref and "
+             "what contrastive scores change, on two episodes' inspect pages: [inspect/](inspect/README.md).",
+             "", head.format("contender"), rule, *contender_rows(summaries), "",
+             "The pre-specified goal comparisons: paired difference [95% CI], McNemar p adjusted by Holm over the "
+             "cell's family of verdicts (listed in its section below); bold only where that Holm p is ≤ 0.05.",
+             "", head.format("a − b"), rule, *goal_rows(summaries), "",
+             f"Ran in {'; '.join(sorted(environments))}{mixed}." if environments else "",
+             "", "Holm p: McNemar p adjusted over the cell's family (the rows of its section below). "
+             + PAIRING_NOTE] + details
     (out / "README.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines[:len(cells) + 8]))
+    print("\n".join(lines[:len(CONTENDERS) + len(GOALS) + 12]))
 
 
 def main() -> None:

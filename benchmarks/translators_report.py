@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_translators import GRID, PAIRS, ROWS, TRAINED, median  # noqa: E402  (the grid, shared with translators.py)
 
-from latentwire.bench.metrics import bootstrap_ci, holm, mcnemar_exact, stratified_bootstrap_ci  # noqa: E402
+from latentwire.bench.metrics import bootstrap_ci, holm, sign_flip_exact, stratified_bootstrap_ci  # noqa: E402
 from latentwire.bench.report import holm_note  # noqa: E402
 from latentwire.bench.runner import hardware  # noqa: E402
 
@@ -105,7 +105,7 @@ def paired(cells: dict, a: str, b: str) -> dict | None:
     if not xa:
         return None
     d, lo, hi = stratified_bootstrap_ci(diffs)
-    return {"diff": d, "low": lo, "high": hi, "p": mcnemar_exact(xa, xb), "cells": len(diffs), "n": len(xa)}
+    return {"diff": d, "low": lo, "high": hi, "p": sign_flip_exact(xa, xb), "cells": len(diffs), "n": len(xa)}
 
 
 def verdicts_by_receiver(cells: dict) -> dict:

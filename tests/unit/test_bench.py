@@ -1,5 +1,6 @@
 """Bench harness: metrics, evidence recall on hand-built episodes, runner resume/errors, report files."""
 import json
+import random
 
 import pytest
 
@@ -149,7 +150,7 @@ def test_resume_drops_a_line_cut_short_and_refuses_another_n(tiny_task, tmp_path
 
 
 def test_paired_statistics():
-    from latentwire.bench.metrics import mcnemar_exact, median_ratio_ci, paired_bootstrap_diff
+    from latentwire.bench.metrics import mcnemar_exact, median_ratio_ci, paired_bootstrap_diff, sign_flip_exact
 
     # McNemar: 10 pairs where only a is right, 0 where only b is: p = 2 · 0.5^10
     a, b = [True] * 10 + [True] * 5, [False] * 10 + [True] * 5
@@ -158,6 +159,20 @@ def test_paired_statistics():
     assert mcnemar_exact([1, 0], [0, 1]) == 1.0  # a fair split
     # scipy's binomtest(3, 12, 0.5) two-sided = 0.1460 (symmetric case: doubled tail)
     assert mcnemar_exact([1] * 3 + [0] * 9, [0] * 3 + [1] * 9) == pytest.approx(0.14599609375)
+    # the sign-flip test is McNemar's on 0/1 scores, and keeps partial credit instead of dichotomising it
+    rng = random.Random(5)
+    for _ in range(50):
+        n = rng.randint(1, 30)
+        x, y = [rng.random() < 0.5 for _ in range(n)], [rng.random() < 0.6 for _ in range(n)]
+        assert sign_flip_exact(x, y) == pytest.approx(mcnemar_exact(x, y), abs=1e-12)
+    # 2/3 vs 1/3 on 8 episodes: every difference +1/3, only the all-"+" and all-"−" patterns are as extreme
+    assert sign_flip_exact([2 / 3] * 8, [1 / 3] * 8) == pytest.approx(2 / 256)
+    assert mcnemar_exact([x == 1.0 for x in [2 / 3] * 8], [x == 1.0 for x in [1 / 3] * 8]) == 1.0  # blind to it
+    # differences +1, −1/2, +1/2: |Σ| = 1; patterns (±1 ±½ ±½) reach |Σ| ≥ 1 in 6 of 8
+    assert sign_flip_exact([1, 0, 1], [0, 0.5, 0.5]) == pytest.approx(6 / 8)
+    assert sign_flip_exact([0.5, 0.25], [0.5, 0.25]) == 1.0
+    with pytest.raises(ValueError, match="grid"):
+        sign_flip_exact([0.123456789], [0.0])
     d, lo, hi = paired_bootstrap_diff([1, 1, 0, 1], [0, 1, 0, 0])
     assert d == 0.5 and lo <= d <= hi
     # pairing matters: b = a + 0.1 exactly gives a zero-width interval, whatever the spread of a

@@ -34,7 +34,8 @@ def test_a_cell_runs_resumes_and_reports(tmp_path, monkeypatch, models, tokenize
     assert len((folder / "records.jsonl").read_text().splitlines()) == len(records)
     rival.write_index(tmp_path, ["coref", "paraphrase"], 1, 3)
     page = (tmp_path / "README.md").read_text()
-    assert "| paraphrase | not run yet |" in page and "CacheBack 8× − BM25 text" in page
+    assert "| contender | coref (1) | paraphrase (not run yet) |" in page
+    assert "| CacheBack 8× − BM25 text | " in page and "| dense text | " in page
     assert "cacheback⊕dense" in page and "## coref" in page
 
 

@@ -115,6 +115,45 @@ def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> float:
     return min(1.0, 2 * tail)
 
 
+def sign_flip_exact(a: Sequence[float], b: Sequence[float], max_denominator: int = 1000,
+                    max_grid: int = 100_000) -> float:
+    """Two-sided exact p of the paired sign-flip (permutation) test of mean(a − b): under "no difference" each
+    episode's difference is as likely to have had the other sign, so p = P(|Σ ±dᵢ| ≥ |Σ dᵢ|) over all 2ⁿ sign
+    patterns. On 0/1 scores it is McNemar's exact test (the discordant pairs are the ±1 differences); it is the
+    test that fits partial credit (a multi-part answer scored 2/3), where McNemar would have to dichotomise.
+    Exact by dynamic programming over the differences on their common grid (scores k/m with small m); ValueError
+    if they have no grid of at most `max_grid` steps (scores that are not fractions with small denominators)."""
+    from fractions import Fraction
+
+    if len(a) != len(b):
+        raise ValueError(f"paired samples differ in length: {len(a)} vs {len(b)}")
+    diffs = [Fraction(float(x)).limit_denominator(max_denominator) - Fraction(float(y)).limit_denominator(
+        max_denominator) for x, y in zip(a, b)]
+    if any(abs(float(d) - (float(x) - float(y))) > 1e-9 for d, x, y in zip(diffs, a, b)):
+        raise ValueError(f"scores are not fractions with denominators ≤ {max_denominator}: no exact grid")
+    diffs = [d for d in diffs if d != 0]
+    if not diffs:
+        return 1.0
+    grid = math.lcm(*(d.denominator for d in diffs))
+    steps = [abs(int(d * grid)) for d in diffs]
+    total = sum(steps)
+    if total > max_grid:
+        raise ValueError(f"the differences span {total} grid steps (> {max_grid}): no exact test")
+    observed = abs(sum(int(d * grid) for d in diffs))
+    # P(Σ over the "+" set of steps = s) for each s: each step joins the + set with probability ½.
+    dist = [1.0] + [0.0] * total
+    reach = 0
+    for x in steps:
+        for s in range(reach, -1, -1):
+            if dist[s]:
+                dist[s + x] += dist[s] / 2
+                dist[s] /= 2
+        reach += x
+    # Σ ±dᵢ = 2·(+ set) − total, so |Σ ±dᵢ| ≥ observed ⇔ the + set is ≥ (total + observed)/2 or ≤ (total − observed)/2.
+    tail = sum(p for s, p in enumerate(dist) if abs(2 * s - total) >= observed)
+    return min(1.0, tail)
+
+
 def holm(ps: Sequence[float]) -> list[float]:
     """Holm–Bonferroni adjusted p-values, in the order given: the i-th smallest p is multiplied by (m − i),
     made non-decreasing along the sorted order and capped at 1. Rejecting where the adjusted p ≤ α keeps the

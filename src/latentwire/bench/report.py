@@ -4,9 +4,11 @@ PNG plots: accuracy vs TTEOA with the Pareto front and both intervals, and evide
     latentwire bench report runs/X [--compare A B ...]
 
 Verdicts compare two protocols on the episodes both ran: the paired accuracy difference with a 95%
-paired bootstrap CI (episodes resampled with both scores together), the exact McNemar p-value on
-"answered correctly" (accuracy = 1), and the median over episodes of the TTEOA ratio with a bootstrap
-CI. A typed error counts as a wrong answer and leaves its episode out of the ratio. Without `--compare`, every latent protocol is compared with text at the same compression ratio
+paired bootstrap CI (episodes resampled with both scores together), an exact p-value of that same
+difference (the paired sign-flip test: McNemar's exact test when every score is 0 or 1, and the test that keeps
+partial credit, e.g. 2 of 3 parts of an `aggregate` answer, instead of dichotomising it), and the median over
+episodes of the TTEOA ratio with a bootstrap CI. A typed error counts as a wrong answer and leaves its episode
+out of the ratio. Without `--compare`, every latent protocol is compared with text at the same compression ratio
 (the natural report when no text run has that ratio), with full KV and with full context.
 """
 from __future__ import annotations
@@ -16,7 +18,7 @@ import statistics
 from pathlib import Path
 
 from ..errors import LatentWireError
-from .metrics import bootstrap_ci, bootstrap_median_ci, holm, mcnemar_exact, median_ratio_ci, paired_bootstrap_diff
+from .metrics import bootstrap_ci, bootstrap_median_ci, holm, median_ratio_ci, paired_bootstrap_diff, sign_flip_exact
 
 REFERENCES = ("alone", "text", "fullcontext", "packllm")  # protocols that send no latent message
 
@@ -100,7 +102,7 @@ def compare(records: list[dict], a: str, b: str) -> dict | None:
     mixed = sum(ra[e].get("run") is None or ra[e].get("run") != rb[e].get("run") for e in timed)
     return {"a": a, "b": b, "n": len(eps), "acc_a": sum(acc_a) / len(eps), "acc_b": sum(acc_b) / len(eps),
             "diff": paired_bootstrap_diff(acc_a, acc_b),
-            "p": mcnemar_exact([x == 1.0 for x in acc_a], [x == 1.0 for x in acc_b]),
+            "p": sign_flip_exact(acc_a, acc_b),  # McNemar's exact test on 0/1 scores; partial credit kept
             "tteoa_ratio": median_ratio_ci([ra[e]["tteoa"] for e in timed], [rb[e]["tteoa"] for e in timed])
             if timed else None, "n_timed": len(timed), "tteoa_mixed": mixed}
 
@@ -127,7 +129,9 @@ def holm_note(m: int) -> str:
 
 PAIRING_NOTE = ("Pairs: the episodes both protocols ran; an episode that failed with a typed error counts as a wrong "
                 "answer and is left out of the TTEOA ratio, which is the median of the per-episode ratios "
-                "(\"(n = k)\" where it covers fewer episodes than the row).")
+                "(\"(n = k)\" where it covers fewer episodes than the row). McNemar p: the exact paired "
+                "sign-flip test of the accuracy difference, which is McNemar's exact test where every answer "
+                "scores 0 or 1 and keeps partial credit where answers have several parts (`aggregate`).")
 
 
 def with_holm(comparisons: list[dict]) -> list[dict]:
@@ -254,7 +258,8 @@ def _verdict_lines(records: list[dict], pairs: list[tuple[str, str]]) -> list[st
     if not comparisons:
         return []
     return ["", "Verdicts (paired, on the episodes both protocols ran): accuracy difference a − b with its "
-            "95% paired bootstrap CI, exact McNemar p on answered-correctly, median of the per-episode TTEOA "
+            "95% paired bootstrap CI, exact McNemar p (the paired sign-flip test, which equals it on 0/1 scores and "
+            "keeps partial credit), median of the per-episode TTEOA "
             "ratios a ÷ b with its 95% bootstrap CI.", ""] + verdict_table(comparisons)
 
 
