@@ -234,7 +234,9 @@ def cell_summary(folder: Path) -> tuple[list[str], list[dict], dict]:
         vals = [r["accuracy"] for r in records if r["protocol"] == label]
         if vals:
             tt = [r["tteoa"] for r in records if r["protocol"] == label and r.get("tteoa")]
-            acc[name] = (bootstrap_ci(vals), len(vals), statistics.median(tt) if tt else None)
+            qt = [r.get("tteoa_question") for r in records if r["protocol"] == label]  # recorded since 2026-12-05
+            acc[name] = (bootstrap_ci(vals), len(vals), statistics.median(tt) if tt else None,
+                         statistics.median(qt) if qt and None not in qt else None)
     return sorted(ran), comps, acc
 
 
@@ -252,7 +254,8 @@ def contender_rows(cells: dict[str, tuple]) -> list[str]:
         for n, _, acc in cells.values():
             v = acc.get(name)
             cols.append("—" if v is None else "{:.2f} [{:.2f}, {:.2f}]".format(*v[0])
-                        + (f" (n = {v[1]})" if v[1] < n else "") + (f", {v[2]:.1f} s" if v[2] else ""))
+                        + (f" (n = {v[1]})" if v[1] < n else "") + (f", {v[2]:.1f} s" if v[2] else "")
+                        + (f" ({v[3]:.1f} s)" if v[3] is not None else ""))
         rows.append(f"| {name} | " + " | ".join(cols) + " |")
     return rows
 
@@ -302,7 +305,10 @@ def write_index(out: Path, cells: list[str], n: int, seed: int) -> None:
     lines = ["# The honest rival: CacheBack against retrieval sent as text", "",
              "Fan-in of 3 senders, Qwen2.5-Coder-0.5B-Instruct for every agent, default placement; a column per "
              "task (episodes run). Per contender: accuracy [95% bootstrap CI], median TTEOA (cold: each sender "
-             "reads its document after the question arrives). Why attention selection loses to BM25 on coref and "
+             "reads its document after the question arrives) and, in brackets where every record carries it, the "
+             "median question-time TTEOA (from the question's arrival, for senders that already hold their read "
+             "documents: each sender's read left out; retrieval's senders never read, so its question-time TTEOA is "
+             "its TTEOA; text reports read with the question; records written before the field have none). Why attention selection loses to BM25 on coref and "
              "what contrastive scores change, on two episodes' inspect pages: [inspect/](inspect/README.md).",
              "", head.format("contender"), rule, *contender_rows(summaries), "",
              "The pre-specified goal comparisons: paired difference [95% CI], McNemar p adjusted by Holm over the "
