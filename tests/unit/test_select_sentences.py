@@ -1,4 +1,6 @@
 """Sentence-unit selection: sentence and line groups, the unit floor, adaptive (mass) budgets, context rows."""
+import re
+
 import pytest
 import torch
 
@@ -47,6 +49,40 @@ def test_select_rows_with_groups_spends_the_budget_exactly(budget):
     chosen = set(rows.tolist()) - {0}
     assert len(chosen) == min(budget, 17) and chosen <= set(range(1, 18))
     assert torch.equal(rows, select_rows(scores, budget, keep, eligible=eligible, groups=groups))
+
+
+@pytest.mark.parametrize("budget", [0, 1, 5, 9, 13, 40])
+def test_fill_whole_sends_only_whole_units_within_the_budget(budget):
+    T = 20
+    scores = torch.linspace(0, 1, T, dtype=torch.float64)  # later groups score higher
+    keep = torch.zeros(T, dtype=torch.bool)
+    keep[0] = True
+    eligible = torch.ones(T, dtype=torch.bool)
+    eligible[-2:] = False
+    groups = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15, 16, 17], [18, 19]]
+    cut = set(select_rows(scores, budget, keep, eligible=eligible, groups=groups).tolist()) - {0}
+    whole = set(select_rows(scores, budget, keep, eligible=eligible, groups=groups, fill="whole").tolist()) - {0}
+    units = [set(g) & set(range(1, 18)) for g in groups]
+    assert all(u <= whole or not u & whole for u in units)  # every unit in or out, none cut
+    assert len(whole) <= budget and whole == set().union(*(u for u in units if u <= cut))  # cut's whole units
+    with pytest.raises(ValueError, match="fill"):
+        select_rows(scores, budget, keep, groups=groups, fill="most")
+
+
+def test_retrieval_with_fill_whole_sends_no_cut_sentence(agent_for):
+    agent = agent_for("llama")
+    doc = "Ada led Orion in Lisbon. " * 4 + "Bo led Vega in Oslo. Cy led Lyra in Rome."
+    cut = get_protocol("retrieval", selector="lexical", ratio=3).pick(agent, doc, "Where did Bo lead Vega?")
+    whole = get_protocol("retrieval", selector="lexical", ratio=3, fill="whole").pick(agent, doc, "Where did Bo lead Vega?")
+    sentences = {"Ada led Orion in Lisbon.", "Bo led Vega in Oslo.", "Cy led Lyra in Rome."}
+    pieces = lambda text: {p.strip() for p in re.split(r"(?<=\.)\s+|\n", text) if p.strip()}  # noqa: E731
+    assert "Bo led Vega in Oslo." in whole.text and pieces(whole.text) <= sentences  # only whole sentences
+    assert not pieces(cut.text) <= sentences  # where "cut" sends a piece of one
+    assert whole.tokens < cut.tokens == cut.budget
+    with pytest.raises(UnknownNameError, match="cut, whole"):
+        get_protocol("retrieval", fill="most")
+    with pytest.raises(UnknownNameError, match="cut, whole"):
+        get_protocol("cacheback", fill="most")
 
 
 def test_cacheback_sentence_spans_keep_whole_sentences(agent_for):

@@ -17,7 +17,7 @@ import torch
 from ..agent import KV_PROMPT, LATENT_MODES, MESSAGE_PROMPT, Agent
 from ..errors import ConfigError, ContextOverflowError, UnknownNameError
 from ..message import Rows
-from ..select import (CONTEXTS, SELECTORS, SPAN, TextSelector, always_kept, context_rows, fanin_budget, mass_budget,
+from ..select import (CONTEXTS, FILLS, SELECTORS, SPAN, TextSelector, always_kept, context_rows, fanin_budget, mass_budget,
                       fused_row_scores, get_selector, select_rows, span_units, sentence_groups, unit_ranks, unit_row_scores)
 from ..state import KVState
 from .calibration import GENERIC_QUESTION, calibrate, masked_question
@@ -85,6 +85,9 @@ class CacheBack(Protocol):
     # first sentence of its paragraph (which names the subject a "he" or an alias refers to), "previous" = the
     # sentence before it, "none" = the sentence alone.
     context: str = "none"
+    # FILLS: "cut" fills the budget left after whole units with the best piece of the next one; "whole" leaves it
+    # unspent, so no unit arrives cut ("Ana Weber leads t" next to another sentence reads as another fact).
+    fill: str = "cut"
     # How q is appended after the finished state: "turn" = the receiver's own next chat turn asking the
     # question (what the receiver would prefill), "raw" = the question's tokens alone.
     query_format: str = "turn"
@@ -141,6 +144,8 @@ class CacheBack(Protocol):
             raise UnknownNameError("context", self.context, CONTEXTS)
         if self.context != "none" and self.span_mode != "sentence":
             raise ConfigError(f"context {self.context!r} takes along whole sentences: it needs span_mode 'sentence'")
+        if self.fill not in FILLS:
+            raise UnknownNameError("fill", self.fill, FILLS)
         if self.calibration not in CALIBRATIONS:
             raise UnknownNameError("calibration", self.calibration, CALIBRATIONS)
         if self.calibration_floor <= 0:
@@ -308,7 +313,7 @@ class CacheBack(Protocol):
             if per_row is None or document is None:
                 raise ValueError(f"context {self.context!r} reads the document's paragraphs: pass per_row and document")
             ctx = context_rows(groups, per_row, document, self.context)
-        return select_rows(scores, budget, keep, self.span, eligible, groups, self.unit_floor, ctx)
+        return select_rows(scores, budget, keep, self.span, eligible, groups, self.unit_floor, ctx, self.fill)
 
     def span_groups(self, per_row: list, document: str) -> list[list[int]] | None:
         """The span units `choose` ranks for this document: None (fixed spans) or its sentences and lines."""

@@ -20,7 +20,7 @@ from ..agent import Agent
 from ..errors import ConfigError, UnknownNameError
 from ..message import merge_spans
 from ..placement import HOST
-from ..select import (CONTEXTS, SELECTORS, SPAN, TextSelector, context_rows, fanin_budget, get_selector,
+from ..select import (CONTEXTS, FILLS, SELECTORS, SPAN, TextSelector, context_rows, fanin_budget, get_selector,
                       select_rows, span_units, sentence_groups, unit_row_scores)
 from .base import after_first, SENDER_PROMPT, Outcome, Protocol, register
 from .cacheback import SPAN_MODES
@@ -50,6 +50,7 @@ class Retrieval(Protocol):
     span: int = SPAN
     unit_floor: bool = True  # as CacheBack's: a budget below every sentence sends the best sentence whole
     context: str = "none"  # as CacheBack's: "lead" or "previous" sentence of the paragraph taken along
+    fill: str = "cut"  # as CacheBack's: "whole" leaves the budget after whole units unspent instead of cutting one
 
     def __post_init__(self):
         super().__post_init__()
@@ -69,6 +70,8 @@ class Retrieval(Protocol):
             raise UnknownNameError("context", self.context, CONTEXTS)
         if self.context != "none" and self.span_mode != "sentence":
             raise ConfigError(f"context {self.context!r} takes along whole sentences: it needs span_mode 'sentence'")
+        if self.fill not in FILLS:
+            raise UnknownNameError("fill", self.fill, FILLS)
         self._selector = get_selector(self.selector, **self.selector_params)
 
     def pick(self, sender: Agent, document: str, question: str) -> Picked:
@@ -83,7 +86,7 @@ class Retrieval(Protocol):
         scores = unit_row_scores(self._selector, question, per_row, document, len(per_row), units, HOST)
         budget = fanin_budget(len(per_row), self.ratio)
         ctx = context_rows(groups, per_row, document, self.context) if groups and self.context != "none" else None
-        rows = select_rows(scores, budget, keep, self.span, eligible, groups, self.unit_floor, ctx)
+        rows = select_rows(scores, budget, keep, self.span, eligible, groups, self.unit_floor, ctx, self.fill)
         kept = kept_document_spans(per_row, rows)
         text = "\n".join(document[a:b].strip() for a, b in merge_spans(kept))
         return Picked(text, kept, time.perf_counter() - t0, budget, len(kept))

@@ -129,7 +129,7 @@ def always_kept(state: KVState) -> torch.Tensor:
 
 def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int = SPAN,
                 eligible: torch.Tensor | None = None, groups: list[list[int]] | None = None,
-                unit_floor: bool = False, context: list[list[int]] | None = None) -> torch.Tensor:
+                unit_floor: bool = False, context: list[list[int]] | None = None, fill: str = "cut") -> torch.Tensor:
     """Row indices to send: the always-kept rows plus whole spans, best mean score first, within `budget`.
 
     The eligible rows that are not always kept (by default all of them; a protocol passes the rows of
@@ -146,15 +146,20 @@ def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int
 
     `context` (with `groups`, one list per group, e.g. `context_rows`): rows each group takes along when it is
     sent (the sentence that names who "he" is), spending budget but not scored (`_select_with_context`).
+
+    `fill` (FILLS): "cut" fills the budget left after the whole units as above; "whole" leaves it unspent, so
+    every unit sent is whole (a cut sentence can read as another fact: "Ana Weber leads t" before "Tern ...").
     """
     if scores.shape != keep.shape or (eligible is not None and eligible.shape != keep.shape):
         raise ValueError(f"{tuple(scores.shape)} scores for {tuple(keep.shape)} rows")
     if budget < 0 or span < 1:
         raise ValueError(f"budget must be ≥ 0 and span ≥ 1, got {budget}, {span}")
+    if fill not in FILLS:
+        raise ValueError(f"fill must be one of {FILLS}, got {fill!r}")
     if context is not None:
         if groups is None or len(context) != len(groups):
             raise ValueError("context needs groups, one context list per group")
-        return _select_with_context(scores, budget, keep, span, eligible, groups, unit_floor, context)
+        return _select_with_context(scores, budget, keep, span, eligible, groups, unit_floor, context, fill)
     spans, order = ranked_units(scores, keep, span, eligible, groups)
     chosen, used, rest = [], 0, []
     if unit_floor and groups is not None and order and 0 < budget < min(span, len(spans[order[0]])):
@@ -168,7 +173,7 @@ def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int
     left = budget - used
     if unit_floor and groups is not None and not chosen and rest and 0 < budget < span:
         chosen.append(spans[rest[0]])  # the best unit, whole, rather than a cut piece of it
-    elif left > 0 and rest:  # every span not taken is longer than `left`: cut the best one to fit
+    elif left > 0 and rest and fill == "cut":  # every span not taken is longer than `left`: cut the best one
         rows_ = spans[rest[0]]
         windows = scores[rows_].double().unfold(0, left, 1).mean(dim=1)  # mean score of each window
         start = int(torch.argmax(windows))  # first maximum: the earliest window on ties
@@ -177,7 +182,7 @@ def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int
     return torch.sort(rows).values
 
 
-def _select_with_context(scores, budget, keep, span, eligible, groups, unit_floor, context) -> torch.Tensor:
+def _select_with_context(scores, budget, keep, span, eligible, groups, unit_floor, context, fill) -> torch.Tensor:
     """`select_rows` where each group travels with its context rows: groups are ranked by their own rows' mean score
     (ties: the earlier group) and added, with their context, while the rows not yet chosen fit in the budget (a
     context row shared by two chosen groups is paid once); no unit is cut. If the best group does not fit with its
@@ -189,7 +194,7 @@ def _select_with_context(scores, budget, keep, span, eligible, groups, unit_floo
     means = [float(scores[g].double().mean()) for g, _ in units]
     order = sorted(range(len(units)), key=lambda i: (-means[i], i))
     if not order or len(set(units[order[0]][0]) | set(units[order[0]][1])) > budget:
-        return select_rows(scores, budget, keep, span, eligible, groups, unit_floor)
+        return select_rows(scores, budget, keep, span, eligible, groups, unit_floor, fill=fill)
     chosen: set[int] = set()
     for i in order:
         new = set(units[i][0]) | set(units[i][1])
@@ -219,6 +224,7 @@ def context_rows(groups: list[list[int]], per_row: list, document: str, kind: st
 
 
 CONTEXTS = ("none", "lead", "previous")
+FILLS = ("cut", "whole")  # select_rows: the budget left after whole units is filled with a cut one, or left
 
 
 def ranked_units(scores: torch.Tensor, keep: torch.Tensor, span: int = SPAN, eligible: torch.Tensor | None = None,
