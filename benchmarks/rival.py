@@ -234,7 +234,8 @@ def cell_summary(folder: Path) -> tuple[list[str], list[dict], dict]:
         vals = [r["accuracy"] for r in records if r["protocol"] == label]
         if vals:
             tt = [r["tteoa"] for r in records if r["protocol"] == label and r.get("tteoa")]
-            qt = [r.get("tteoa_question") for r in records if r["protocol"] == label]  # recorded since 2026-12-05
+            qt = [r.get("tteoa_question") for r in records  # recorded since 2026-12-05; a failed episode has none
+                  if r["protocol"] == label and not r.get("error")]
             acc[name] = (bootstrap_ci(vals), len(vals), statistics.median(tt) if tt else None,
                          statistics.median(qt) if qt and None not in qt else None)
     return sorted(ran), comps, acc
@@ -279,7 +280,7 @@ def write_index(out: Path, cells: list[str], n: int, seed: int) -> None:
     details, environments, summaries = [], set(), {}
     for cell in cells:
         folder = out / cell
-        if not (folder / "records.jsonl").exists():
+        if not has_records(folder):
             summaries[f"{cell} (not run yet)"] = (0, [], {})
             continue
         config, records = read_run(folder)
@@ -308,7 +309,8 @@ def write_index(out: Path, cells: list[str], n: int, seed: int) -> None:
              "reads its document after the question arrives) and, in brackets where every record carries it, the "
              "median question-time TTEOA (from the question's arrival, for senders that already hold their read "
              "documents: each sender's read left out; retrieval's senders never read, so its question-time TTEOA is "
-             "its TTEOA; text reports read with the question; records written before the field have none). Why attention selection loses to BM25 on coref and "
+             "its TTEOA; text reports read with the question; records written before the field have none). "
+             "Why attention selection loses to BM25 on coref and "
              "what contrastive scores change, on two episodes' inspect pages: [inspect/](inspect/README.md).",
              "", head.format("contender"), rule, *contender_rows(summaries), "",
              "The pre-specified goal comparisons: paired difference [95% CI], McNemar p adjusted by Holm over the "
@@ -361,10 +363,16 @@ def main() -> None:
                 agent = Agent.from_pretrained(args.model, dtype=args.dtype)
             print(f"== {cell}: {args.n} episodes, {len(PROTOCOLS)} protocols -> {folder}", flush=True)
             run_cell(agent, folder, episodes, args.model, not args.skip_recall, args.upto)
-        if (folder / "records.jsonl").exists():
+        if has_records(folder):
             config, _ = read_run(folder)
             write_report(folder, [p for p in FAMILY if p[0] in config["config"]["protocols"]])
     write_index(args.out, list(CELLS), args.n, args.seed)
+
+
+def has_records(folder: Path) -> bool:
+    """Whether a cell has run: its records file holds at least one line (a run that starts opens it empty)."""
+    path = folder / "records.jsonl"
+    return path.exists() and any(line.strip() for line in path.open(encoding="utf-8"))
 
 
 if __name__ == "__main__":

@@ -299,7 +299,7 @@ def test_a_full_history_read_keeps_every_row_on_sliding_layers_and_computes_the_
 
 def test_dense_encoder_loads_quietly_and_refuses_a_partial_checkpoint(tmp_path, capfd):
     from safetensors.torch import load_file, save_file
-    from transformers import BertConfig, BertModel
+    from transformers import AutoTokenizer, BertConfig, BertModel
 
     from latentwire.select.dense import encoder, model_source
 
@@ -315,3 +315,12 @@ def test_dense_encoder_loads_quietly_and_refuses_a_partial_checkpoint(tmp_path, 
     with pytest.raises(ConfigError, match="lacks 1 weight") as err:
         encoder(str(tmp_path))
     assert "query.weight" in str(err.value)
+    wrong = {k: (torch.zeros(8, 8) if k == lost else v) for k, v in weights.items()}  # held at another shape
+    save_file(wrong, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ConfigError, match="lacks 1 weight") as err:
+        encoder(str(tmp_path))
+    assert "query.weight" in str(err.value)
+    plain = tmp_path / "no_pooler"  # an encoder saved without the pooler loads: only hidden states are read
+    BertModel(cfg, add_pooling_layer=False).save_pretrained(plain)
+    AutoTokenizer.from_pretrained(model_source("all-MiniLM-L6-v2")).save_pretrained(plain)
+    assert encoder(str(plain))[1].config.hidden_size == 16

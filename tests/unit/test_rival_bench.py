@@ -32,6 +32,8 @@ def test_a_cell_runs_resumes_and_reports(tmp_path, monkeypatch, models, tokenize
     assert set(recall) == want and all(0.0 <= v <= 1.0 for v in recall.values())
     rival.run_cell(agent, folder, episodes, "qwen2")  # resuming adds nothing
     assert len((folder / "records.jsonl").read_text().splitlines()) == len(records)
+    (tmp_path / "paraphrase").mkdir()
+    (tmp_path / "paraphrase" / "records.jsonl").touch()  # a run opens its records file before the first record
     rival.write_index(tmp_path, ["coref", "paraphrase"], 1, 3)
     page = (tmp_path / "README.md").read_text()
     assert "| contender | coref (1) | paraphrase (not run yet) |" in page

@@ -4,7 +4,7 @@ import re
 import pytest
 import torch
 
-from latentwire.errors import UnknownNameError
+from latentwire.errors import ConfigError, UnknownNameError
 from latentwire.protocols import get_protocol
 from latentwire.select import select_rows
 
@@ -69,6 +69,16 @@ def test_fill_whole_sends_only_whole_units_within_the_budget(budget):
         select_rows(scores, budget, keep, groups=groups, fill="most")
 
 
+@pytest.mark.parametrize("budget", [10, 16, 20, 29])
+def test_fill_whole_with_the_unit_floor_never_sends_an_empty_message(budget):
+    scores = torch.linspace(0, 1, 91, dtype=torch.float64)
+    keep = torch.zeros(91, dtype=torch.bool)
+    keep[0] = True
+    groups = [list(range(1, 31)), list(range(31, 61)), list(range(61, 91))]  # three 30-row sentences, span 16
+    rows = select_rows(scores, budget, keep, groups=groups, unit_floor=True, fill="whole").tolist()
+    assert rows == [0] + groups[2]  # the best sentence whole, above a budget no sentence fits in
+
+
 def test_retrieval_with_fill_whole_sends_no_cut_sentence(agent_for):
     agent = agent_for("llama")
     doc = "Ada led Orion in Lisbon. " * 4 + "Bo led Vega in Oslo. Cy led Lyra in Rome."
@@ -83,6 +93,11 @@ def test_retrieval_with_fill_whole_sends_no_cut_sentence(agent_for):
         get_protocol("retrieval", fill="most")
     with pytest.raises(UnknownNameError, match="cut, whole"):
         get_protocol("cacheback", fill="most")
+    for name in ("retrieval", "cacheback"):  # fixed spans are not sentences: nothing "whole" to keep
+        with pytest.raises(ConfigError, match="span_mode 'sentence'"):
+            get_protocol(name, fill="whole", span_mode="fixed")
+    with pytest.raises(ConfigError, match="fill="):
+        get_protocol("cacheback_chain", fill="whole")  # its hops spend their budgets exactly
 
 
 def test_cacheback_sentence_spans_keep_whole_sentences(agent_for):

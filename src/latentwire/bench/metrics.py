@@ -116,42 +116,46 @@ def mcnemar_exact(a: Sequence[bool], b: Sequence[bool]) -> float:
 
 
 def sign_flip_exact(a: Sequence[float], b: Sequence[float], max_denominator: int = 1000,
-                    max_grid: int = 100_000) -> float:
-    """Two-sided exact p of the paired sign-flip (permutation) test of mean(a − b): under "no difference" each
+                    max_grid: int = 5_000_000, draws: int = 100_000, seed: int = 0) -> float:
+    """Two-sided p of the paired sign-flip (permutation) test of mean(a − b): under "no difference" each
     episode's difference is as likely to have had the other sign, so p = P(|Σ ±dᵢ| ≥ |Σ dᵢ|) over all 2ⁿ sign
     patterns. On 0/1 scores it is McNemar's exact test (the discordant pairs are the ±1 differences); it is the
     test that fits partial credit (a multi-part answer scored 2/3), where McNemar would have to dichotomise.
-    Exact by dynamic programming over the differences on their common grid (scores k/m with small m); ValueError
-    if they have no grid of at most `max_grid` steps (scores that are not fractions with small denominators)."""
+    Exact, by dynamic programming over the differences on their common grid, when they are fractions with
+    denominators ≤ `max_denominator` spanning ≤ `max_grid` steps (every score this library writes: k/m with
+    m ≤ 11); otherwise `draws` seeded random sign patterns, p = (1 + as extreme) / (1 + draws)."""
+    import numpy as np
     from fractions import Fraction
 
     if len(a) != len(b):
         raise ValueError(f"paired samples differ in length: {len(a)} vs {len(b)}")
-    diffs = [Fraction(float(x)).limit_denominator(max_denominator) - Fraction(float(y)).limit_denominator(
+    raw = [float(x) - float(y) for x, y in zip(a, b)]
+    exact = [Fraction(float(x)).limit_denominator(max_denominator) - Fraction(float(y)).limit_denominator(
         max_denominator) for x, y in zip(a, b)]
-    if any(abs(float(d) - (float(x) - float(y))) > 1e-9 for d, x, y in zip(diffs, a, b)):
-        raise ValueError(f"scores are not fractions with denominators ≤ {max_denominator}: no exact grid")
-    diffs = [d for d in diffs if d != 0]
-    if not diffs:
+    if all(abs(float(d) - r) <= 1e-9 for d, r in zip(exact, raw)):
+        diffs = [d for d in exact if d != 0]
+        if not diffs:
+            return 1.0
+        grid = math.lcm(*(d.denominator for d in diffs))
+        steps = [abs(int(d * grid)) for d in diffs]
+        total = sum(steps)
+        if total <= max_grid:
+            observed = abs(sum(int(d * grid) for d in diffs))
+            dist = np.zeros(total + 1, dtype=np.float64)  # P(Σ of the steps given a "+" sign = s)
+            dist[0] = 1.0
+            for x in steps:  # each step joins the "+" set with probability ½
+                dist[x:] = dist[x:] / 2 + dist[:-x] / 2 if x else dist[x:]
+                dist[:x] /= 2
+            # Σ ±dᵢ = 2·(+ set) − total: as extreme as observed where |2s − total| ≥ observed
+            s_ = np.arange(total + 1)
+            return float(min(1.0, dist[np.abs(2 * s_ - total) >= observed].sum()))
+    d = np.array([x for x in raw if x != 0.0], dtype=np.float64)
+    if not d.size:
         return 1.0
-    grid = math.lcm(*(d.denominator for d in diffs))
-    steps = [abs(int(d * grid)) for d in diffs]
-    total = sum(steps)
-    if total > max_grid:
-        raise ValueError(f"the differences span {total} grid steps (> {max_grid}): no exact test")
-    observed = abs(sum(int(d * grid) for d in diffs))
-    # P(Σ over the "+" set of steps = s) for each s: each step joins the + set with probability ½.
-    dist = [1.0] + [0.0] * total
-    reach = 0
-    for x in steps:
-        for s in range(reach, -1, -1):
-            if dist[s]:
-                dist[s + x] += dist[s] / 2
-                dist[s] /= 2
-        reach += x
-    # Σ ±dᵢ = 2·(+ set) − total, so |Σ ±dᵢ| ≥ observed ⇔ the + set is ≥ (total + observed)/2 or ≤ (total − observed)/2.
-    tail = sum(p for s, p in enumerate(dist) if abs(2 * s - total) >= observed)
-    return min(1.0, tail)
+    observed = abs(d.sum()) - 1e-12 * max(1.0, np.abs(d).sum())  # float slack: the observed pattern counts
+    signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(draws, d.size))
+    extreme = int((np.abs(signs @ d) >= observed).sum())
+    return (1 + extreme) / (1 + draws)
 
 
 def holm(ps: Sequence[float]) -> list[float]:

@@ -17,8 +17,9 @@ import torch
 from ..agent import KV_PROMPT, LATENT_MODES, MESSAGE_PROMPT, Agent
 from ..errors import ConfigError, ContextOverflowError, UnknownNameError
 from ..message import Rows
-from ..select import (CONTEXTS, FILLS, SELECTORS, SPAN, TextSelector, always_kept, context_rows, fanin_budget, mass_budget,
-                      fused_row_scores, get_selector, select_rows, span_units, sentence_groups, unit_ranks, unit_row_scores)
+from ..select import (CONTEXTS, FILLS, SELECTORS, SPAN, TextSelector, always_kept, context_rows, fanin_budget,
+                      mass_budget, fused_row_scores, get_selector, select_rows, span_units, sentence_groups, unit_ranks,
+                      unit_row_scores)
 from ..state import KVState
 from .calibration import GENERIC_QUESTION, calibrate, masked_question
 from .base import after_first, QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, sender_prompt_lengths
@@ -146,6 +147,8 @@ class CacheBack(Protocol):
             raise ConfigError(f"context {self.context!r} takes along whole sentences: it needs span_mode 'sentence'")
         if self.fill not in FILLS:
             raise UnknownNameError("fill", self.fill, FILLS)
+        if self.fill != "cut" and self.span_mode != "sentence":
+            raise ConfigError(f"fill {self.fill!r} keeps whole sentences: it needs span_mode 'sentence'")
         if self.calibration not in CALIBRATIONS:
             raise UnknownNameError("calibration", self.calibration, CALIBRATIONS)
         if self.calibration_floor <= 0:
@@ -333,8 +336,8 @@ class CacheBack(Protocol):
         for prompt in self.check_senders(senders, documents, question):
             T = prompt + self.latent_steps
             B = fanin_budget(T, self.ratio)
-            if self.unit_floor and self.span_mode == "sentence" and B < self.span:
-                B = 2 * self.span  # the unit floor may send one whole sentence of up to 2·span rows
+            if self.unit_floor and self.span_mode == "sentence" and (B < self.span or self.fill == "whole"):
+                B = max(B, 2 * self.span)  # the unit floor may send one whole sentence of up to 2·span rows
             budget += min(B, prompt - 1)
             first, latent = first + 1, latent + self.latent_steps
         if self.encoding == "kv":  # the prompt continues after the attached rows

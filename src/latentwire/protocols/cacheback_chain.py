@@ -44,8 +44,9 @@ class CacheBackChain(CacheBack):
             raise UnknownNameError("chain budget", self.budget, BUDGETS)
         if self.max_rows < 1:
             raise ConfigError(f"max_rows must be ≥ 1, got {self.max_rows}")
-        if self.context != "none" or self.mass is not None:
-            raise ConfigError("cacheback_chain sets each hop's budget itself: context= and mass= are for fan-in")
+        if self.context != "none" or self.mass is not None or self.fill != "cut":
+            raise ConfigError("cacheback_chain sets each hop's budget itself and spends it exactly: context=, mass= "
+                              "and fill= are for fan-in")
         if self.encoding == "kv":
             raise ConfigError("cacheback_chain re-prefills each hop's rows: encoding 'rows' or 'token_ids', not 'kv'")
         if self.fuse is not None or isinstance(self._selector, TextSelector):

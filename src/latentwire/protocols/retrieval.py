@@ -72,6 +72,8 @@ class Retrieval(Protocol):
             raise ConfigError(f"context {self.context!r} takes along whole sentences: it needs span_mode 'sentence'")
         if self.fill not in FILLS:
             raise UnknownNameError("fill", self.fill, FILLS)
+        if self.fill != "cut" and self.span_mode != "sentence":
+            raise ConfigError(f"fill {self.fill!r} keeps whole sentences: it needs span_mode 'sentence'")
         self._selector = get_selector(self.selector, **self.selector_params)
 
     def pick(self, sender: Agent, document: str, question: str) -> Picked:

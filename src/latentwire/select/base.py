@@ -148,7 +148,9 @@ def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int
     sent (the sentence that names who "he" is), spending budget but not scored (`_select_with_context`).
 
     `fill` (FILLS): "cut" fills the budget left after the whole units as above; "whole" leaves it unspent, so
-    every unit sent is whole (a cut sentence can read as another fact: "Ana Weber leads t" before "Tern ...").
+    every unit sent is whole (a cut sentence can read as another fact: "Ana Weber leads t" before "Tern ...");
+    with `groups` and `unit_floor`, a budget no unit fits in then sends the best unit whole (the floor, at any
+    budget: never an empty message), exceeding the budget by less than one group.
     """
     if scores.shape != keep.shape or (eligible is not None and eligible.shape != keep.shape):
         raise ValueError(f"{tuple(scores.shape)} scores for {tuple(keep.shape)} rows")
@@ -171,8 +173,9 @@ def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int
         else:
             rest.append(i)
     left = budget - used
-    if unit_floor and groups is not None and not chosen and rest and 0 < budget < span:
-        chosen.append(spans[rest[0]])  # the best unit, whole, rather than a cut piece of it
+    floor = 0 < budget and (budget < span or fill == "whole")  # a budget no unit fits in: the best unit, whole
+    if unit_floor and groups is not None and not chosen and rest and floor:
+        chosen.append(spans[rest[0]])  # the best unit, whole, rather than a cut piece of it (or nothing at all)
     elif left > 0 and rest and fill == "cut":  # every span not taken is longer than `left`: cut the best one
         rows_ = spans[rest[0]]
         windows = scores[rows_].double().unfold(0, left, 1).mean(dim=1)  # mean score of each window

@@ -40,7 +40,7 @@ def encoder(source: str):
     """(tokenizer, model) for `source`, on the CPU in float32, in eval mode. transformers' load report is
     replaced by a check of our own: keys the checkpoint lacks (or holds at another shape) would leave the encoder
     partly random, so they raise; keys it holds beyond the model (the packaged MiniLM's `position_ids` buffer)
-    are harmless and pass without a printed table."""
+    are harmless and pass without a printed table, as does a missing pooler (only the hidden states are read)."""
     from transformers import AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -48,10 +48,12 @@ def encoder(source: str):
     hf_logging.set_verbosity_error()
     try:
         with HOST:  # whatever default device the caller set
-            model, info = AutoModel.from_pretrained(source, dtype=torch.float32, output_loading_info=True)
+            model, info = AutoModel.from_pretrained(source, dtype=torch.float32, output_loading_info=True,
+                                                    ignore_mismatched_sizes=True)  # reported below, not raised
     finally:
         hf_logging.set_verbosity(level)
-    bad = sorted(info.get("missing_keys") or []) + sorted(str(k[0]) for k in info.get("mismatched_keys") or [])
+    missing = [k for k in info.get("missing_keys") or [] if not k.startswith("pooler.")]  # the pooler goes unused
+    bad = sorted(missing) + sorted(str(k[0]) for k in info.get("mismatched_keys") or [])
     if bad:
         raise ConfigError(f"the dense selector's encoder at {source!r} lacks {len(bad)} weight(s) it needs "
                           f"(e.g. {', '.join(bad[:3])}): a partial or foreign checkpoint, not a sentence encoder")
