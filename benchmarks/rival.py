@@ -313,11 +313,11 @@ def write_index(out: Path, cells: list[str], n: int, seed: int) -> None:
              "Why attention selection loses to BM25 on coref and "
              "what contrastive scores change, on two episodes' inspect pages: [inspect/](inspect/README.md).",
              "", head.format("contender"), rule, *contender_rows(summaries), "",
-             "The pre-specified goal comparisons: paired difference [95% CI], McNemar p adjusted by Holm over the "
+             "The pre-specified goal comparisons: paired difference [95% CI], exact p adjusted by Holm over the "
              "cell's family of verdicts (listed in its section below); bold only where that Holm p is ≤ 0.05.",
              "", head.format("a − b"), rule, *goal_rows(summaries), "",
              f"Ran in {'; '.join(sorted(environments))}{mixed}." if environments else "",
-             "", "Holm p: McNemar p adjusted over the cell's family (the rows of its section below). "
+             "", "Holm p: the exact p adjusted over the cell's family (the rows of its section below). "
              + PAIRING_NOTE] + details
     (out / "README.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines[:len(CONTENDERS) + len(GOALS) + 12]))

@@ -118,24 +118,24 @@ def _by_episode(records: list[dict], protocol: str) -> dict[str, dict]:
     return out
 
 
-VERDICT_HEADER = ["| a vs b | n | accuracy a vs b | difference | McNemar p | Holm p | median TTEOA ratio a ÷ b |",
+VERDICT_HEADER = ["| a vs b | n | accuracy a vs b | difference | exact p | Holm p | median TTEOA ratio a ÷ b |",
                   "|---|---:|---|---|---:|---:|---|"]
 
 
 def holm_note(m: int) -> str:
-    return (f"Holm p: the McNemar p adjusted over the {m} verdict{'s' * (m != 1)} of this table (Holm–Bonferroni), "
+    return (f"Holm p: the exact p adjusted over the {m} verdict{'s' * (m != 1)} of this table (Holm–Bonferroni), "
             "so that \"Holm p ≤ 0.05\" keeps the chance of any false difference among them at most 5%.")
 
 
 PAIRING_NOTE = ("Pairs: the episodes both protocols ran; an episode that failed with a typed error counts as a wrong "
                 "answer and is left out of the TTEOA ratio, which is the median of the per-episode ratios "
-                "(\"(n = k)\" where it covers fewer episodes than the row). McNemar p: the exact paired "
-                "sign-flip test of the accuracy difference, which is McNemar's exact test where every answer "
-                "scores 0 or 1 and keeps partial credit where answers have several parts (`aggregate`).")
+                "(\"(n = k)\" where it covers fewer episodes than the row). Exact p: the paired sign-flip test of "
+                "the accuracy difference, which is McNemar's exact test where every answer scores 0 or 1, and keeps "
+                "partial credit where answers have several parts (`aggregate`).")
 
 
 def with_holm(comparisons: list[dict]) -> list[dict]:
-    """The comparisons of one table, each with `p_holm`: its McNemar p adjusted over the table (the family)."""
+    """The comparisons of one table, each with `p_holm`: its exact p adjusted over the table (the family)."""
     for c, q in zip(comparisons, holm([c["p"] for c in comparisons])):
         c["p_holm"] = q
     return comparisons
@@ -258,7 +258,7 @@ def _verdict_lines(records: list[dict], pairs: list[tuple[str, str]]) -> list[st
     if not comparisons:
         return []
     return ["", "Verdicts (paired, on the episodes both protocols ran): accuracy difference a − b with its "
-            "95% paired bootstrap CI, exact McNemar p (the paired sign-flip test, which equals it on 0/1 scores and "
+            "95% paired bootstrap CI, exact p (the paired sign-flip test: McNemar's exact test on 0/1 scores, and it "
             "keeps partial credit), median of the per-episode TTEOA "
             "ratios a ÷ b with its 95% bootstrap CI.", ""] + verdict_table(comparisons)
 
