@@ -1,8 +1,11 @@
 """Agents that already hold their documents: question-time and cold TTEOA, first questions and follow-ups.
 
-    python benchmarks/stored_states.py [--cells facts1_500,facts1_2000,facts1_4000] [--n 100] [--n-4000 40]
-                                       [--model qwen2.5-coder-0.5b] [--out docs/results/stored_states] [--upto K]
-                                       [--report-only]
+    python benchmarks/stored_states.py [--cells facts1_500,facts1_2000,facts1_4000,aggregate_2000] [--n 34]
+                                       [--n-4000 14] [--n-aggregate 100] [--model qwen2.5-coder-0.5b]
+                                       [--out docs/results/stored_states] [--upto K] [--report-only]
+
+The defaults are the study's sizes: 34 groups (102 questions) at ~500 and ~2,000 tokens per sender, 14 groups
+(42 questions) at ~4,000, 100 aggregation questions.
 
 A cell is a document length: `--n` groups of one-hop `facts` fan-in episodes (3 senders of ~T tokens), each
 group three questions over the same documents (`facts.follow_up_episodes`: city, leader and budget of one
@@ -221,8 +224,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b")
     ap.add_argument("--cells", default=",".join(CELLS))
-    ap.add_argument("--n", type=int, default=100, help="question groups per cell (three questions each)")
-    ap.add_argument("--n-4000", type=int, default=40, help="groups at ~4,000 tokens per sender")
+    ap.add_argument("--n", type=int, default=34, help="question groups per facts cell (three questions each)")
+    ap.add_argument("--n-4000", type=int, default=14, help="groups at ~4,000 tokens per sender")
+    ap.add_argument("--n-aggregate", type=int, default=100, help="aggregation questions (one per set of documents)")
     ap.add_argument("--seed", type=int, default=2027)
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--protocols", default=",".join(PROTOCOLS), help="comma-separated specs")
@@ -241,7 +245,8 @@ def main() -> None:
         folder = args.out / cell
         if not args.report_only:
             folder.mkdir(parents=True, exist_ok=True)
-            groups = groups_for(cell, args.n_4000 if cell.endswith("4000") else args.n, args.seed)
+            n = args.n_aggregate if cell.startswith("aggregate") else args.n_4000 if cell.endswith("4000") else args.n
+            groups = groups_for(cell, n, args.seed)
             ensure_episodes(folder / "episodes.jsonl", [e for g in groups for e in g])
             log_command(folder, cmd)
             agent = agent or Agent.from_pretrained(args.model, dtype=args.dtype)
