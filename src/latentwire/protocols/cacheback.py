@@ -17,9 +17,9 @@ import torch
 from ..agent import KV_PROMPT, LATENT_MODES, MESSAGE_PROMPT, Agent
 from ..errors import ConfigError, ContextOverflowError, UnknownNameError
 from ..message import Rows
-from ..select import (CONTEXTS, FILLS, SELECTORS, SPAN, TextSelector, always_kept, context_rows, fanin_budget,
-                      mass_budget, fused_row_scores, get_selector, select_rows, span_units, sentence_groups, unit_ranks,
-                      unit_row_scores)
+from ..select import (SELECTORS, SPAN, TextSelector, always_kept, check_sentence_options, context_rows,
+                      fanin_budget, mass_budget, fused_row_scores, get_selector, select_rows, span_units,
+                      sentence_groups, unit_ranks, unit_row_scores)
 from ..state import KVState
 from .calibration import GENERIC_QUESTION, calibrate, masked_question
 from .base import after_first, QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, sender_prompt_lengths
@@ -141,14 +141,7 @@ class CacheBack(Protocol):
             raise UnknownNameError("span mode", self.span_mode, SPAN_MODES)
         if self.span < 1:
             raise ConfigError(f"span must be ≥ 1, got {self.span}")
-        if self.context not in CONTEXTS:
-            raise UnknownNameError("context", self.context, CONTEXTS)
-        if self.context != "none" and self.span_mode != "sentence":
-            raise ConfigError(f"context {self.context!r} takes along whole sentences: it needs span_mode 'sentence'")
-        if self.fill not in FILLS:
-            raise UnknownNameError("fill", self.fill, FILLS)
-        if self.fill != "cut" and self.span_mode != "sentence":
-            raise ConfigError(f"fill {self.fill!r} keeps whole sentences: it needs span_mode 'sentence'")
+        check_sentence_options(self.span_mode, self.context, self.fill)
         if self.calibration not in CALIBRATIONS:
             raise UnknownNameError("calibration", self.calibration, CALIBRATIONS)
         if self.calibration_floor <= 0:

@@ -20,8 +20,8 @@ from ..agent import Agent
 from ..errors import ConfigError, UnknownNameError
 from ..message import merge_spans
 from ..placement import HOST
-from ..select import (CONTEXTS, FILLS, SELECTORS, SPAN, TextSelector, context_rows, fanin_budget, get_selector,
-                      select_rows, span_units, sentence_groups, unit_row_scores)
+from ..select import (SELECTORS, SPAN, TextSelector, check_sentence_options, context_rows, fanin_budget,
+                      get_selector, select_rows, span_units, sentence_groups, unit_row_scores)
 from .base import after_first, SENDER_PROMPT, Outcome, Protocol, register
 from .cacheback import SPAN_MODES
 from .documents import kept_document_spans, token_document_spans
@@ -66,14 +66,7 @@ class Retrieval(Protocol):
             text = [n for n in SELECTORS.names() if issubclass(SELECTORS[n], TextSelector)]
             raise ConfigError(f"retrieval needs a text selector (one that reads no KV state): {', '.join(text)}; "
                               f"{self.selector!r} scores states: use cacheback(selector={self.selector!r})")
-        if self.context not in CONTEXTS:
-            raise UnknownNameError("context", self.context, CONTEXTS)
-        if self.context != "none" and self.span_mode != "sentence":
-            raise ConfigError(f"context {self.context!r} takes along whole sentences: it needs span_mode 'sentence'")
-        if self.fill not in FILLS:
-            raise UnknownNameError("fill", self.fill, FILLS)
-        if self.fill != "cut" and self.span_mode != "sentence":
-            raise ConfigError(f"fill {self.fill!r} keeps whole sentences: it needs span_mode 'sentence'")
+        check_sentence_options(self.span_mode, self.context, self.fill)
         self._selector = get_selector(self.selector, **self.selector_params)
 
     def pick(self, sender: Agent, document: str, question: str) -> Picked:

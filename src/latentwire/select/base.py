@@ -16,6 +16,7 @@ from typing import ClassVar
 import torch
 
 from ..agent import Agent
+from ..errors import ConfigError, UnknownNameError
 from ..registry import Registry
 from ..state import KVState
 
@@ -205,6 +206,18 @@ def _select_with_context(scores, budget, keep, span, eligible, groups, unit_floo
             chosen |= new
     extra = torch.tensor(sorted(chosen), dtype=torch.int64, device=scores.device)
     return torch.sort(torch.cat([torch.nonzero(keep).flatten(), extra])).values
+
+
+def check_sentence_options(span_mode: str, context: str, fill: str) -> None:
+    """A protocol's `context` and `fill` (CONTEXTS, FILLS), refused unless valid; both act on whole sentences, so
+    anything but their defaults needs span_mode "sentence"."""
+    if context not in CONTEXTS:
+        raise UnknownNameError("context", context, CONTEXTS)
+    if fill not in FILLS:
+        raise UnknownNameError("fill", fill, FILLS)
+    for name, value, default in (("context", context, "none"), ("fill", fill, "cut")):
+        if value != default and span_mode != "sentence":
+            raise ConfigError(f"{name} {value!r} keeps whole sentences: it needs span_mode 'sentence'")
 
 
 def context_rows(groups: list[list[int]], per_row: list, document: str, kind: str) -> list[list[int]]:
