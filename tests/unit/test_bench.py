@@ -90,6 +90,11 @@ def test_runner_resumes_records_errors_and_reports(tiny_task, tmp_path):
     assert len(records) == 6
     full = [r for r in records if r["protocol"].startswith("fullkv")]
     assert all(r["error"] is None and r["evidence_recall"] == 1.0 and r["compression_ratio"] == 1.0 for r in full)
+    eps = {json.loads(l)["id"]: json.loads(l) for l in tiny_task.read_text().splitlines()}
+    for r in full:  # full KV keeps every character of every context, and the record says so
+        assert [[c[a:b] for a, b in keep] for c, keep in zip(eps[r["episode"]]["contexts"], r["kept_spans"])] \
+            == [[c] for c in eps[r["episode"]]["contexts"]]
+    assert all("kept_spans" not in r for r in records if r["protocol"].startswith("alone"))
     # Resuming skips finished records: the file is unchanged.
     before = (out / "records.jsonl").read_text()
     run(cfg, out, progress=False, agent=agent)

@@ -182,6 +182,8 @@ def score(ep: Episode, label: str, out: Outcome, tokenizer) -> dict:
             total += len(tokenizer(context, add_special_tokens=False)["input_ids"])
         rec["evidence_recall"] = evidence_recall(gold, kept)
         rec["compression_ratio"] = total / max(1, len(kept))
+        # the character spans of each context that the message kept: what was sent, readable from episodes.jsonl
+        rec["kept_spans"] = [[[int(a), int(b)] for a, b in keep] for keep in out.kept_spans]
     return rec
 
 
