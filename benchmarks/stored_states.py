@@ -47,7 +47,8 @@ from latentwire.bench.tasks import aggregate, facts  # noqa: E402
 from latentwire.protocols import get_protocol  # noqa: E402
 from latentwire.protocols.reads import HeldReads, shared_reads  # noqa: E402
 
-OUT = Path(__file__).resolve().parents[1] / "docs" / "results" / "stored_states"
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "docs" / "results" / "stored_states"
 CELLS = ("facts1_500", "facts1_2000", "facts1_4000", "aggregate_2000")
 TEXT, BM25, FULLKV, FULLCTX = "text", "retrieval(selector='bm25')", "fullkv(latent_steps=8)", "fullcontext"
 TEXTH = "text(read='held')"  # text reports from senders that hold their document: a question-time figure too
@@ -84,8 +85,10 @@ def family_for(cell: str) -> list[tuple[str, str]]:
 def run_cell(agent: Agent, folder: Path, groups: list[list], model: str, protocols: list[str],
              upto: int | None = None) -> None:
     """Every group's questions in order, one HeldReads per group; records as the bench runner writes them.
-    `upto` stops after that many groups (every cell can reach a common n before any goes on)."""
-    config = RunConfig(os.path.relpath(folder / "episodes.jsonl"), ",".join(protocols), model)
+    `upto` stops after that many groups (every cell can reach a common n before any goes on). A group resumed
+    after its first question reruns that question unrecorded first, so its follow-ups still find their reads held."""
+    # the task path is relative to the repository, not to where the command runs: a resume from elsewhere matches
+    config = RunConfig(os.path.relpath(folder / "episodes.jsonl", ROOT), ",".join(protocols), model)
     resolved = config.resolved(agent)
     cfg_path, rec_path = folder / "config.json", folder / "records.jsonl"
     first = check_resume(cfg_path, resolved, ("task", "model", "n", "seed", "filters", "device", "dtype"))
@@ -103,6 +106,10 @@ def run_cell(agent: Agent, folder: Path, groups: list[list], model: str, protoco
                             rec = run_episode(protocol, label, ep, agent) | {"turn": turn, "run": run_id}
                             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
                             f.flush()
+                        elif turn == 0 and any((e.id, label) not in done for e in group[1:]):
+                            # resumed inside the group: the first question runs again, unrecorded, so that the
+                            # follow-ups find the reads it made held (charged 0 s) as in an uninterrupted run
+                            run_episode(protocol, label, ep, agent)
             held.release()
             print(f"  {folder.name}: group {i + 1}/{len(groups)}", flush=True)
 

@@ -234,6 +234,8 @@ def test_question_time_tteoa_leaves_out_the_reads_a_holding_agent_has_done(agent
     assert full.question_tteoa == pytest.approx(full.receiver_seconds)  # the held states are the message
     ret = get_protocol("retrieval", selector="lexical", ratio=2).run([agent] * 2, docs, agent, question)
     assert ret.question_tteoa == pytest.approx(ret.tteoa)  # no read: every second follows the question
+    ctx = get_protocol("fullcontext", max_new_tokens=2).run([agent] * 2, docs, agent, question)
+    assert ctx.question_tteoa == pytest.approx(ctx.tteoa)  # the receiver reads every document after the question
 
 
 def test_time_to_first_token_leaves_out_the_rest_of_the_answer(agent_for):

@@ -67,3 +67,34 @@ def test_the_aggregation_cell_asks_for_notes_and_checks_its_own_goal(monkeypatch
     text = "\n".join(ss.goal_lines(times))
     assert "Goal at aggregate_2000" in text and "≤ 0.33: measured ×0.26, **met**" in text
     assert "Goal at facts1_4000" in text and "≤ 0.5: measured ×0.75, **missed**" in text
+
+
+def test_a_group_resumed_after_its_first_question_still_finds_its_reads_held(tmp_path, monkeypatch, models,
+                                                                             tokenizer):
+    """A run cut after a group's first question resumes with its follow-ups: their reads were made before those
+    questions (by the first), so they are charged 0 s there too, and no first-question record is written twice. The
+    resume may run from another directory."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import stored_states
+
+    monkeypatch.chdir(tmp_path)
+    agent = Agent(models["qwen2"], tokenizer, model_name="qwen2")
+    folder = tmp_path / "facts1_500"
+    folder.mkdir()
+    groups = facts.follow_up_episodes(3, 1, tokens=60)
+    stored_states.ensure_episodes(folder / "episodes.jsonl", [e for g in groups for e in g])
+    protocols = stored_states._split("cacheback(ratio=4, latent_steps=1),text(max_report_tokens=4, read='held')")
+    stored_states.run_cell(agent, folder, groups, "qwen2", protocols)
+    path = folder / "records.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join(lines[:len(protocols) + 1]) + "\n")  # cut after the first question's records + one
+    monkeypatch.chdir(folder)  # resumed from another directory: the same run
+    stored_states.run_cell(agent, folder, groups, "qwen2", protocols)
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert sorted((r["episode"], r["protocol"]) for r in records) == sorted(
+        (e.id, p) for e in groups[0] for p in protocols)  # nothing lost, nothing twice
+    for r in records:
+        if r["turn"]:
+            assert r["tteoa_question"] == pytest.approx(r["tteoa"])
+    assert all(t["read_s"] == 0.0 for r in records if r["turn"] and "senders" in r["details"]
+               for t in r["details"]["senders"])

@@ -29,4 +29,5 @@ class FullContext(Protocol):
         reply = receiver.answer(CONTEXT_PROMPT.format(documents=joined, question=question),
                                 max_new_tokens=self.max_new_tokens)
         return Outcome(self.name, reply.text, len(joined.encode()), reply.context, (), reply.seconds,
-                       kept_spans=tuple(((0, len(doc)),) for doc in documents), after_first=after_first(reply))
+                       kept_spans=tuple(((0, len(doc)),) for doc in documents), after_first=after_first(reply),
+                       read_seconds=())  # nothing is read before the question: every second follows it
