@@ -40,11 +40,13 @@ from latent_vs_text import commands, ensure_episodes, log_command  # noqa: E402
 from latentwire.agent import Agent  # noqa: E402
 from latentwire.bench.metrics import bootstrap_ci  # noqa: E402
 from latentwire.bench.report import compare, read_run, verdict, with_holm, write_report  # noqa: E402
-from latentwire.bench.report import VERDICT_HEADER  # noqa: E402
+from latentwire.bench.report import CLUSTER_NOTE, VERDICT_HEADER  # noqa: E402
+from latentwire.bench.episode import load_episodes  # noqa: E402
 from latentwire.bench.runner import (RunConfig, check_resume, drop_cut_lines, finished, run_episode,  # noqa: E402
                                      write_config)
 from latentwire.bench.tasks import aggregate, facts  # noqa: E402
 from latentwire.protocols import get_protocol  # noqa: E402
+from latentwire.placement import dtype_name  # noqa: E402
 from latentwire.protocols.reads import HeldReads, shared_reads  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,7 +57,8 @@ TEXTH = "text(read='held')"  # text reports from senders that hold their documen
 CB8, CB8KV, CB8M = "cacheback(ratio=8)", "cacheback(ratio=8, encoding='kv')", "cacheback(ratio=8, mass=0.9)"
 CB8T = "cacheback(ratio=8, encoding='token_ids')"  # the same selection sent as token ids (re-prefilled)
 CB8KVM = "cacheback(ratio=8, encoding='kv', mass=0.9)"  # attached K/V under the adaptive budget: the goal's contender
-PROTOCOLS = [TEXT, TEXTH, BM25, CB8, CB8T, CB8KV, CB8M, CB8KVM, FULLKV, FULLCTX]
+CURVE = [f"cacheback(ratio={r}, encoding='kv')" for r in (4, 16, 32)]  # fixed budgets beside 8× and adaptive
+PROTOCOLS = [TEXT, TEXTH, BM25, CB8, CB8T, CB8KV, CB8M, CB8KVM, FULLKV, FULLCTX, *CURVE]
 FAMILY = [(CB8, TEXT), (CB8KV, TEXT), (CB8M, TEXT), (CB8, TEXTH), (CB8KV, TEXTH), (CB8M, TEXTH), (CB8KVM, TEXTH),
           (TEXTH, TEXT), (CB8KV, CB8), (CB8T, CB8), (CB8M, CB8), (CB8KVM, CB8KV), (BM25, TEXT), (CB8, FULLCTX)]
 GOAL = {"facts1_4000": 0.5, "aggregate_2000": 0.33}  # question-time median TTEOA of CacheBack (best delivery,
@@ -114,21 +117,37 @@ def run_cell(agent: Agent, folder: Path, groups: list[list], model: str, protoco
             print(f"  {folder.name}: group {i + 1}/{len(groups)}", flush=True)
 
 
+def document_sets(folder: Path) -> dict[str, str]:
+    """Episode id → the id of the first episode over the same documents: the cell's clusters (a group's questions
+    share their documents, and so their senders' reads; they are not independent observations)."""
+    first: dict[tuple, str] = {}
+    return {e.id: first.setdefault(tuple(e.contexts), e.id) for e in load_episodes(folder / "episodes.jsonl")}
+
+
+def set_accuracy(records: list[dict], sets: dict[str, str]) -> str:
+    """Mean accuracy [95% bootstrap CI], sets of documents resampled (each set's mean over its questions)."""
+    by_set: dict[str, list[float]] = {}
+    for r in records:
+        by_set.setdefault(sets[r["episode"]], []).append(r["accuracy"])
+    return "{:.2f} [{:.2f}, {:.2f}]".format(*bootstrap_ci([sum(v) / len(v) for v in by_set.values()]))
+
+
 def cell_rows(folder: Path) -> tuple[list[str], list[dict]]:
-    """Index rows: per protocol and turn kind (first question, follow-up), accuracy [CI] and median TTEOAs."""
+    """Index rows: per protocol and turn kind (first question, follow-up), accuracy [CI over sets of documents]
+    and median TTEOAs; the cell's verdicts (clustered by set of documents, question-time TTEOA ratios)."""
     config, records = read_run(folder)
-    lines = []
+    sets, lines = document_sets(folder), []
     for label in config["config"]["protocols"]:
         for kind, turns in (("first", (0,)), ("follow-up", (1, 2))):
             rs = [r for r in records if r["protocol"] == label and r.get("turn", 0) in turns]
             if not rs:
                 continue
-            acc = "{:.2f} [{:.2f}, {:.2f}]".format(*bootstrap_ci([r["accuracy"] for r in rs]))
+            acc = set_accuracy(rs, sets)
             q = [r["tteoa_question"] for r in rs if r.get("tteoa_question") is not None]
             c = [r["tteoa"] for r in rs if r.get("tteoa") is not None]
             med = lambda xs: f"{statistics.median(xs):.2f}" if xs else "—"  # noqa: E731
             lines.append(f"| {folder.name} | `{label}` | {kind} | {len(rs)} | {acc} | {med(q)} | {med(c)} |")
-    comps = with_holm([c for a, b in family_for(folder.name) if (c := compare(records, a, b))])
+    comps = with_holm([c for a, b in family_for(folder.name) if (c := compare(records, a, b, sets, True))])
     return lines, comps
 
 
@@ -191,6 +210,32 @@ def crossover(out: Path, cells: list[str]) -> list[str]:
     return lines + goals
 
 
+def curve_lines(out: Path, cells: list[str]) -> list[str]:
+    """The budget curve: attached K/V at fixed ratios 4–32× and under the adaptive budget, per cell: accuracy
+    [95% CI over sets of documents], median message bytes, median question-time TTEOA."""
+    order = [CURVE[0], CB8KV, *CURVE[1:], CB8KVM]
+    lines = ["## Budget curve", "", "CacheBack with attached K/V (`encoding='kv'`) at fixed budgets ceil(T / r) and "
+             "under the adaptive budget, every question of the cell: accuracy [95% CI], median bytes, median "
+             "question-time TTEOA.", "", "| cell | protocol | n | accuracy [95% CI] | median bytes | "
+             "median question-time TTEOA s |", "|---|---|---:|---|---:|---:|"]
+    for cell in cells:
+        folder = out / cell
+        if not (folder / "records.jsonl").exists():
+            continue
+        _, records = read_run(folder)
+        sets = document_sets(folder)
+        for label in order:
+            rs = [r for r in records if r["protocol"] == label]
+            if not rs:
+                continue
+            acc = set_accuracy(rs, sets)
+            q = [r["tteoa_question"] for r in rs if r.get("tteoa_question") is not None]
+            lines.append(f"| {cell} | `{label}` | {len(rs)} | {acc} | "
+                         f"{statistics.median(r['message_bytes'] for r in rs):,.0f} | "
+                         + (f"{statistics.median(q):.2f} |" if q else "— |"))
+    return lines if len(lines) > 6 else []
+
+
 def goal_lines(times: dict[str, dict[str, list[float]]]) -> list[str]:
     """The goal check of each cell in GOAL that has both protocols' question-time TTEOA."""
     lines = []
@@ -214,14 +259,15 @@ def write_index(out: Path) -> None:
              f"`{TEXTH}` is the text sender that holds its document and prefills only the question's turn.", "",
              "| cell | protocol | questions | n | accuracy [95% CI] | median question-time TTEOA s | "
              "median TTEOA s |", "|---|---|---|---:|---|---:|---:|"]
-    details = crossover(out, list(CELLS))
+    details = crossover(out, list(CELLS)) + [""] + curve_lines(out, list(CELLS))
     for cell in CELLS:
         folder = out / cell
         if not (folder / "records.jsonl").exists():
             continue
         rows, comps = cell_rows(folder)
         lines += rows
-        details += ["", f"## {cell}", "", VERDICT_HEADER[0], VERDICT_HEADER[1]] + [verdict(c) for c in comps]
+        details += ["", f"## {cell}", "", CLUSTER_NOTE, "", VERDICT_HEADER[0], VERDICT_HEADER[1]] \
+            + [verdict(c) for c in comps]
         details += ["", "Commands: `" + "`, then `".join(commands(folder)) + "`"]
     (out / "README.md").write_text("\n".join(lines + details) + "\n")
     print("\n".join(lines))
@@ -256,12 +302,24 @@ def main() -> None:
             groups = groups_for(cell, n, args.seed)
             ensure_episodes(folder / "episodes.jsonl", [e for g in groups for e in g])
             log_command(folder, cmd)
-            agent = agent or Agent.from_pretrained(args.model, dtype=args.dtype)
+            if agent is None:
+                agent = Agent.from_pretrained(args.model, dtype=args.dtype)
+                check_study_dtype(args.out, dtype_name(agent.dtype))
             names = labels_for(cell)
             run_cell(agent, folder, groups, args.model, [names.get(p, p) for p in _split(args.protocols)], args.upto)
         if (folder / "records.jsonl").exists():
-            write_report(folder, family_for(cell))
+            write_report(folder, family_for(cell), document_sets(folder), question_time=True)
     write_index(args.out)
+
+
+def check_study_dtype(out: Path, dtype: str) -> None:
+    """SystemExit unless every cell already in `out` ran in `dtype`: one study, one dtype (a resumed cell's own
+    check only sees that cell)."""
+    for cfg in sorted(out.glob("*/config.json")):
+        theirs = json.loads(cfg.read_text())["config"].get("dtype")
+        if theirs != dtype:
+            sys.exit(f"{cfg.parent} ran in {theirs}, this run would use {dtype}: one study holds one dtype "
+                     f"(pass --dtype {theirs}, or --out another folder)")
 
 
 def _split(specs: str) -> list[str]:

@@ -238,6 +238,27 @@ def test_errors_count_as_wrong_and_leave_the_time_ratio_which_says_so():
         compare(recs + [recs[2]], "a", "b")
 
 
+def test_clustered_pairs_count_each_set_of_documents_once_and_question_time_ratios_say_so():
+    from latentwire.bench.metrics import sign_flip_exact
+    from latentwire.bench.report import compare, verdict
+
+    # 4 sets × 3 questions; a right on every question of sets 0–2, b wrong on them; set 3 both wrong
+    recs = [{"episode": f"s{g}-q{q}", "protocol": p, "accuracy": float(p == "a" and g < 3), "tteoa": 4.0,
+             "tteoa_question": 1.0 if p == "a" else 2.0, "run": "r"} for g in range(4) for q in range(3) for p in "ab"]
+    clusters = {f"s{g}-q{q}": f"s{g}" for g in range(4) for q in range(3)}
+    flat, grouped = compare(recs, "a", "b"), compare(recs, "a", "b", clusters, question_time=True)
+    assert flat["p"] == pytest.approx(sign_flip_exact([1] * 9 + [0] * 3, [0] * 12))  # 9 discordant: 2/2⁹
+    assert grouped["p"] == pytest.approx(2 / 2 ** 3) and grouped["p"] > 10 * flat["p"]  # 3 discordant sets
+    assert grouped["n"] == 12 and grouped["n_clusters"] == 4 and grouped["diff"][0] == pytest.approx(0.75)
+    assert (flat["time"], flat["tteoa_ratio"][0]) == ("tteoa", 1.0)
+    assert (grouped["time"], grouped["tteoa_ratio"][0]) == ("tteoa_question", 0.5)
+    assert "| 12 (4 sets) |" in verdict(grouped) and verdict(grouped).endswith("(question-time) |")
+    one_cold = [r | {"tteoa_question": None} if r["episode"] == "s0-q0" and r["protocol"] == "b" else r for r in recs]
+    assert compare(one_cold, "a", "b", question_time=True)["time"] == "tteoa"  # one pair lacks it: cold for all
+    with pytest.raises(LatentWireError, match="without a cluster: s3-q2"):
+        compare(recs, "a", "b", {k: v for k, v in clusters.items() if k != "s3-q2"})
+
+
 def test_an_alias_that_normalises_to_nothing_never_scores():
     for prediction in ("", '""', "the"):
         s = answer_scores(prediction, ['""', "the"])

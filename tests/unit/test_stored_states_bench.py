@@ -12,16 +12,22 @@ from latentwire.bench.tasks import facts
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def test_a_cell_reads_each_group_once_and_records_both_timings(tmp_path, monkeypatch, models, tokenizer):
+def _cell(tmp_path, monkeypatch, models, tokenizer, n: int):
+    """The benchmark module, a tiny Qwen2 agent, an empty facts1_500 cell in tmp_path (the working directory) and
+    `n` question groups written to its episodes file."""
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import stored_states
 
     monkeypatch.chdir(tmp_path)
-    agent = Agent(models["qwen2"], tokenizer, model_name="qwen2")
     folder = tmp_path / "facts1_500"
     folder.mkdir()
-    groups = facts.follow_up_episodes(3, 2, tokens=60)
+    groups = facts.follow_up_episodes(3, n, tokens=60)
     stored_states.ensure_episodes(folder / "episodes.jsonl", [e for g in groups for e in g])
+    return stored_states, Agent(models["qwen2"], tokenizer, model_name="qwen2"), folder, groups
+
+
+def test_a_cell_reads_each_group_once_and_records_both_timings(tmp_path, monkeypatch, models, tokenizer):
+    stored_states, agent, folder, groups = _cell(tmp_path, monkeypatch, models, tokenizer, 2)
     protocols = stored_states._split("text(max_report_tokens=4),cacheback(ratio=4, latent_steps=1),"
                                      "cacheback(ratio=4, latent_steps=1, mass=0.9),retrieval(selector='lexical'),"
                                      "text(max_report_tokens=4, read='held')")
@@ -74,15 +80,7 @@ def test_a_group_resumed_after_its_first_question_still_finds_its_reads_held(tmp
     """A run cut after a group's first question resumes with its follow-ups: their reads were made before those
     questions (by the first), so they are charged 0 s there too, and no first-question record is written twice. The
     resume may run from another directory."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    import stored_states
-
-    monkeypatch.chdir(tmp_path)
-    agent = Agent(models["qwen2"], tokenizer, model_name="qwen2")
-    folder = tmp_path / "facts1_500"
-    folder.mkdir()
-    groups = facts.follow_up_episodes(3, 1, tokens=60)
-    stored_states.ensure_episodes(folder / "episodes.jsonl", [e for g in groups for e in g])
+    stored_states, agent, folder, groups = _cell(tmp_path, monkeypatch, models, tokenizer, 1)
     protocols = stored_states._split("cacheback(ratio=4, latent_steps=1),text(max_report_tokens=4, read='held')")
     stored_states.run_cell(agent, folder, groups, "qwen2", protocols)
     path = folder / "records.jsonl"
@@ -98,3 +96,29 @@ def test_a_group_resumed_after_its_first_question_still_finds_its_reads_held(tmp
             assert r["tteoa_question"] == pytest.approx(r["tteoa"])
     assert all(t["read_s"] == 0.0 for r in records if r["turn"] and "senders" in r["details"]
                for t in r["details"]["senders"])
+
+
+def test_the_budget_curve_and_verdicts_resample_sets_of_documents_and_one_study_holds_one_dtype(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import stored_states as ss
+
+    folder = tmp_path / "facts1_500"
+    folder.mkdir()
+    groups = facts.follow_up_episodes(3, 4, tokens=60)
+    ss.ensure_episodes(folder / "episodes.jsonl", [e for g in groups for e in g])
+    (folder / "config.json").write_text(json.dumps({"config": {"dtype": "float32", "protocols": []}}))
+    recs = [{"episode": e.id, "protocol": p, "accuracy": float(p == ss.CB8KV and g < 3), "tteoa": 3.0,
+             "tteoa_question": 1.0 if p == ss.CB8KV else 2.0, "message_bytes": 100, "sender_seconds": [], "run": "r",
+             "turn": t} for g, group in enumerate(groups) for t, e in enumerate(group) for p in (ss.CB8KV, ss.CURVE[0])]
+    (folder / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    sets = ss.document_sets(folder)
+    assert len(set(sets.values())) == 4 and all(sets[e.id] == g[0].id for g in groups for e in g)
+    curve = ss.curve_lines(tmp_path, ["facts1_500"])
+    assert curve[0] == "## Budget curve" and [line.split(" | ")[1] for line in curve[6:]] == [
+        f"`{ss.CURVE[0]}`", f"`{ss.CB8KV}`"]  # in ratio order; 16× and 32× not run here
+    c = ss.compare(recs, ss.CB8KV, ss.CURVE[0], sets, True)
+    assert (c["n"], c["n_clusters"], c["time"], c["tteoa_ratio"][0]) == (12, 4, "tteoa_question", 0.5)
+    assert c["p"] == pytest.approx(0.25)  # 3 discordant sets of 4, not 9 discordant questions
+    ss.check_study_dtype(tmp_path, "float32")
+    with pytest.raises(SystemExit, match="ran in float32, this run would use bfloat16"):
+        ss.check_study_dtype(tmp_path, "bfloat16")

@@ -86,25 +86,47 @@ def default_pairs(protocols: dict[str, dict]) -> list[tuple[str, str]]:
     return pairs
 
 
-def compare(records: list[dict], a: str, b: str) -> dict | None:
+def compare(records: list[dict], a: str, b: str, clusters: dict[str, str] | None = None,
+            question_time: bool = False) -> dict | None:
     """Paired statistics of protocol a against b on the episodes both ran (None when they share none). A typed
     error counts as a wrong answer (accuracy 0) and leaves its episode out of the TTEOA ratio (`n_timed`).
+    `clusters` (episode id → cluster id; e.g. several questions over one set of documents): the accuracy CI and
+    exact p treat each cluster's mean as one paired observation, so correlated questions do not count as
+    independent (n stays the episode count; `n_clusters` is set). `question_time`: the TTEOA ratio uses
+    `tteoa_question` where both records of every timed pair have it (`time` says which was used).
     LatentWireError if a protocol has two records of one episode (pairing would silently keep one)."""
     ra, rb = _by_episode(records, a), _by_episode(records, b)
     eps = sorted(set(ra) & set(rb))
     if not eps:
         return None
     acc_a, acc_b = [ra[e]["accuracy"] for e in eps], [rb[e]["accuracy"] for e in eps]
-    timed = [e for e in eps if ra[e].get("tteoa") and rb[e].get("tteoa")]
+    key = "tteoa"
+    if question_time and all(ra[e].get("tteoa_question") and rb[e].get("tteoa_question")
+                             for e in eps if ra[e].get("tteoa") and rb[e].get("tteoa")):
+        key = "tteoa_question"
+    timed = [e for e in eps if ra[e].get(key) and rb[e].get(key)]
     # A record's "run" names the invocation that wrote it. Paired times from two invocations may come from two
     # hosts or loads: counted, and flagged by `verdict`. A record older than the field names no run, so nothing
     # shows its pair ran together: counted too.
     mixed = sum(ra[e].get("run") is None or ra[e].get("run") != rb[e].get("run") for e in timed)
-    return {"a": a, "b": b, "n": len(eps), "acc_a": sum(acc_a) / len(eps), "acc_b": sum(acc_b) / len(eps),
-            "diff": paired_bootstrap_diff(acc_a, acc_b),
-            "p": sign_flip_exact(acc_a, acc_b),  # McNemar's exact test on 0/1 scores; partial credit kept
-            "tteoa_ratio": median_ratio_ci([ra[e]["tteoa"] for e in timed], [rb[e]["tteoa"] for e in timed])
-            if timed else None, "n_timed": len(timed), "tteoa_mixed": mixed}
+    out = {"a": a, "b": b, "n": len(eps), "acc_a": sum(acc_a) / len(eps), "acc_b": sum(acc_b) / len(eps)}
+    if clusters is not None:
+        if missing := sorted(e for e in eps if e not in clusters):
+            raise LatentWireError(f"episodes without a cluster: {', '.join(missing[:5])}")
+        acc_a, acc_b = _cluster_means(eps, acc_a, clusters), _cluster_means(eps, acc_b, clusters)
+        out["n_clusters"] = len(acc_a)
+    return out | {"diff": paired_bootstrap_diff(acc_a, acc_b),
+                  "p": sign_flip_exact(acc_a, acc_b),  # McNemar's exact test on 0/1 scores; partial credit kept
+                  "tteoa_ratio": median_ratio_ci([ra[e][key] for e in timed], [rb[e][key] for e in timed])
+                  if timed else None, "n_timed": len(timed), "tteoa_mixed": mixed, "time": key}
+
+
+def _cluster_means(eps: list[str], values: list[float], clusters: dict[str, str]) -> list[float]:
+    """The mean of `values` per cluster, clusters in order of first appearance."""
+    sums: dict[str, list[float]] = {}
+    for e, v in zip(eps, values):
+        sums.setdefault(clusters[e], []).append(v)
+    return [sum(v) / len(v) for v in sums.values()]
 
 
 def _by_episode(records: list[dict], protocol: str) -> dict[str, dict]:
@@ -147,9 +169,11 @@ def verdict(c: dict) -> str:
     d, lo, hi = (100 * x for x in c["diff"])
     t = "—" if c["tteoa_ratio"] is None else "×{:.2f} [{:.2f}, {:.2f}]".format(*c["tteoa_ratio"])
     t += f" (n = {c['n_timed']})" if c["tteoa_ratio"] is not None and c.get("n_timed", c["n"]) < c["n"] else ""
+    t += " (question-time)" if c.get("time") == "tteoa_question" else ""
     t += " †" if c.get("tteoa_mixed") else ""
     q = "—" if c.get("p_holm") is None else f"{c['p_holm']:.3g}"
-    return (f"| `{c['a']}` vs `{c['b']}` | {c['n']} | {c['acc_a']:.2f} vs {c['acc_b']:.2f} | {d:+.0f} pp "
+    n = f"{c['n']} ({c['n_clusters']} sets)" if c.get("n_clusters") else c["n"]
+    return (f"| `{c['a']}` vs `{c['b']}` | {n} | {c['acc_a']:.2f} vs {c['acc_b']:.2f} | {d:+.0f} pp "
             f"[{lo:+.0f}, {hi:+.0f}] | {c['p']:.3g} | {q} | {t} |")
 
 
@@ -192,9 +216,10 @@ def _plain_log_axis(axis) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
-def write_report(run_dir: str | Path, pairs: list[tuple[str, str]] | None = None) -> Path:
+def write_report(run_dir: str | Path, pairs: list[tuple[str, str]] | None = None,
+                 clusters: dict[str, str] | None = None, question_time: bool = False) -> Path:
     """Writes report.md and its two PNG plots into `run_dir`; returns the path of report.md. `pairs`: the
-    verdicts to draw (default: `default_pairs` of the run's protocols)."""
+    verdicts to draw (default: `default_pairs` of the run's protocols); `clusters`, `question_time`: as `compare`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -205,7 +230,8 @@ def write_report(run_dir: str | Path, pairs: list[tuple[str, str]] | None = None
     cfg = config["config"]
     summary = summarize(records, list(cfg["protocols"]))
     lines = _header_lines(config) + _summary_lines(summary)
-    lines += _verdict_lines(records, default_pairs(cfg["protocols"]) if pairs is None else pairs)
+    lines += _verdict_lines(records, default_pairs(cfg["protocols"]) if pairs is None else pairs, clusters,
+                            question_time)
     lines += _error_lines(records)
     points = _tteoa_points(summary)
     front = pareto_front(points)
@@ -252,15 +278,22 @@ def _summary_lines(summary: dict[str, dict]) -> list[str]:
     return lines
 
 
-def _verdict_lines(records: list[dict], pairs: list[tuple[str, str]]) -> list[str]:
+def _verdict_lines(records: list[dict], pairs: list[tuple[str, str]], clusters: dict[str, str] | None = None,
+                   question_time: bool = False) -> list[str]:
     """The verdicts section for the pairs that share episodes, or nothing when none does."""
-    comparisons = [c for c in (compare(records, a, b) for a, b in pairs) if c]
+    comparisons = [c for c in (compare(records, a, b, clusters, question_time) for a, b in pairs) if c]
     if not comparisons:
         return []
     return ["", "Verdicts (paired, on the episodes both protocols ran): accuracy difference a − b with its "
             "95% paired bootstrap CI, exact p (the paired sign-flip test: McNemar's exact test on 0/1 scores, and it "
             "keeps partial credit), median of the per-episode TTEOA "
-            "ratios a ÷ b with its 95% bootstrap CI.", ""] + verdict_table(comparisons)
+            "ratios a ÷ b with its 95% bootstrap CI."] + ([CLUSTER_NOTE] if clusters else []) + [""] \
+        + verdict_table(comparisons)
+
+
+CLUSTER_NOTE = ("Questions asked over the same documents are not independent: the accuracy CI and the exact p "
+                "resample and sign-flip each set of documents as one pair (the mean over its questions); \"n (k "
+                "sets)\" gives both counts.")
 
 
 def _error_lines(records: list[dict]) -> list[str]:
