@@ -27,6 +27,7 @@ from typing import Iterator
 
 from ..agent import Agent
 from ..errors import ConfigError, LatentWireError
+from ..message import merge_spans
 from ..placement import cpu_bf16_flags, dtype_name, resolve
 from ..protocols import Outcome, Protocol, get_protocol
 from ..protocols.reads import shared_reads
@@ -183,7 +184,7 @@ def score(ep: Episode, label: str, out: Outcome, tokenizer) -> dict:
         rec["evidence_recall"] = evidence_recall(gold, kept)
         rec["compression_ratio"] = total / max(1, len(kept))
         # the character spans of each context that the message kept: what was sent, readable from episodes.jsonl
-        rec["kept_spans"] = [[[int(a), int(b)] for a, b in keep] for keep in out.kept_spans]
+        rec["kept_spans"] = [[[a, b] for a, b in merge_spans(keep)] for keep in out.kept_spans]
     return rec
 
 
