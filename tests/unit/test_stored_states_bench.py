@@ -29,7 +29,7 @@ def _cell(tmp_path, monkeypatch, models, tokenizer, n: int):
 def test_a_cell_reads_each_group_once_and_records_both_timings(tmp_path, monkeypatch, models, tokenizer):
     stored_states, agent, folder, groups = _cell(tmp_path, monkeypatch, models, tokenizer, 2)
     protocols = stored_states._split("text(max_report_tokens=4),cacheback(ratio=4, latent_steps=1),"
-                                     "cacheback(ratio=4, latent_steps=1, mass=0.9),retrieval(selector='lexical'),"
+                                     "cacheback(ratio=4, latent_steps=1, mass=0.5),retrieval(selector='lexical'),"
                                      "text(max_report_tokens=4, read='held')")
     stored_states.run_cell(agent, folder, groups, "qwen2", protocols)
     records = [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
@@ -66,10 +66,10 @@ def test_the_aggregation_cell_asks_for_notes_and_checks_its_own_goal(monkeypatch
     assert [len(g) for g in groups] == [1, 1, 1] and all(g[0].task == "aggregate" for g in groups)
     assert all(len(g[0].evidence) >= 6 and min(g[0].meta["approx_tokens"]) > 1700 for g in groups)
     family = ss.family_for("aggregate_2000")
-    assert (ss.CB8KVM, "text(report='notes', read='held')") in family and ss.TEXTH not in {a for p in family for a in p}
+    assert (ss.CBKVM, "text(report='notes', read='held')") in family and ss.TEXTH not in {a for p in family for a in p}
     assert ss.family_for("facts1_500") == ss.FAMILY
-    times = {"aggregate_2000": {ss.CB8KVM: [1.0, 1.2], "text(report='notes', read='held')": [4.0, 4.4]},
-             "facts1_4000": {ss.CB8KVM: [3.0], ss.TEXTH: [4.0]}}
+    times = {"aggregate_2000": {ss.CBKVM: [1.0, 1.2], "text(report='notes', read='held')": [4.0, 4.4]},
+             "facts1_4000": {ss.CBKVM: [3.0], ss.TEXTH: [4.0]}}
     text = "\n".join(ss.goal_lines(times))
     assert "Goal at aggregate_2000" in text and "≤ 0.33: measured ×0.26, **met**" in text
     assert "Goal at facts1_4000" in text and "≤ 0.5: measured ×0.75, **missed**" in text
