@@ -42,7 +42,7 @@ from latent_vs_text import commands, ensure_episodes, log_command  # noqa: E402
 
 from latentwire.agent import Agent  # noqa: E402
 from latentwire.bench.metrics import bootstrap_ci  # noqa: E402
-from latentwire.bench.report import compare, read_run, verdict, with_holm, write_report  # noqa: E402
+from latentwire.bench.report import cluster_means, compare, read_run, verdict, with_holm, write_report  # noqa: E402
 from latentwire.bench.report import CLUSTER_NOTE, VERDICT_HEADER  # noqa: E402
 from latentwire.bench.episode import load_episodes  # noqa: E402
 from latentwire.bench.runner import (RunConfig, check_resume, drop_cut_lines, finished, run_episode,  # noqa: E402
@@ -134,10 +134,8 @@ def document_sets(folder: Path) -> dict[str, str]:
 
 def set_accuracy(records: list[dict], sets: dict[str, str]) -> str:
     """Mean accuracy [95% bootstrap CI], sets of documents resampled (each set's mean over its questions)."""
-    by_set: dict[str, list[float]] = {}
-    for r in records:
-        by_set.setdefault(sets[r["episode"]], []).append(r["accuracy"])
-    return "{:.2f} [{:.2f}, {:.2f}]".format(*bootstrap_ci([sum(v) / len(v) for v in by_set.values()]))
+    means = cluster_means([r["episode"] for r in records], [r["accuracy"] for r in records], sets)
+    return "{:.2f} [{:.2f}, {:.2f}]".format(*bootstrap_ci(means))
 
 
 def cell_rows(folder: Path) -> tuple[list[str], list[dict]]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
+from typing import Sequence
 
 from ..errors import LatentWireError
 from .metrics import bootstrap_ci, bootstrap_median_ci, holm, median_ratio_ci, paired_bootstrap_diff, sign_flip_exact
@@ -113,7 +114,7 @@ def compare(records: list[dict], a: str, b: str, clusters: dict[str, str] | None
     if clusters is not None:
         if missing := sorted(e for e in eps if e not in clusters):
             raise LatentWireError(f"episodes without a cluster: {', '.join(missing[:5])}")
-        acc_a, acc_b = _cluster_means(eps, acc_a, clusters), _cluster_means(eps, acc_b, clusters)
+        acc_a, acc_b = cluster_means(eps, acc_a, clusters), cluster_means(eps, acc_b, clusters)
         out["n_clusters"] = len(acc_a)
     return out | {"diff": paired_bootstrap_diff(acc_a, acc_b),
                   "p": sign_flip_exact(acc_a, acc_b),  # McNemar's exact test on 0/1 scores; partial credit kept
@@ -121,7 +122,7 @@ def compare(records: list[dict], a: str, b: str, clusters: dict[str, str] | None
                   if timed else None, "n_timed": len(timed), "tteoa_mixed": mixed, "time": key}
 
 
-def _cluster_means(eps: list[str], values: list[float], clusters: dict[str, str]) -> list[float]:
+def cluster_means(eps: Sequence[str], values: Sequence[float], clusters: dict[str, str]) -> list[float]:
     """The mean of `values` per cluster, clusters in order of first appearance."""
     sums: dict[str, list[float]] = {}
     for e, v in zip(eps, values):
