@@ -66,13 +66,18 @@ CBM = "cacheback(ratio=4, mass=0.5)"
 CB8T = "cacheback(ratio=8, encoding='token_ids')"  # the same selection sent as token ids (re-prefilled)
 CBKVM = "cacheback(ratio=4, encoding='kv', mass=0.5)"  # attached K/V under the adaptive budget: the goal's contender
 CURVE = [f"cacheback(ratio={r}, encoding='kv')" for r in (4, 16, 32)]  # fixed budgets beside 8× and adaptive
-PROTOCOLS = [TEXT, TEXTH, BM25, CB8, CB8T, CB8KV, CBM, CBKVM, FULLKV, FULLCTX, *CURVE]
+# The selected rows' K/V re-read alone by each sender in the receiver's message slot and attached there: the read's
+# K/V (CB8KV, CBKVM) lost accuracy against re-prefilled rows on the same selection (docs/methods.md#kv-delivery).
+CB8KVR, CBKVRM = "cacheback(ratio=8, encoding='kv_reencoded')", "cacheback(ratio=4, encoding='kv_reencoded', mass=0.5)"
+PROTOCOLS = [TEXT, TEXTH, BM25, CB8, CB8T, CB8KV, CBM, CBKVM, FULLKV, FULLCTX, *CURVE, CB8KVR, CBKVRM]
 FAMILY = [(CB8, TEXT), (CB8KV, TEXT), (CBM, TEXT), (CB8, TEXTH), (CB8KV, TEXTH), (CBM, TEXTH), (CBKVM, TEXTH),
-          (TEXTH, TEXT), (CB8KV, CB8), (CB8T, CB8), (CBM, CB8), (CBKVM, CB8KV), (BM25, TEXT), (CB8, FULLCTX)]
+          (TEXTH, TEXT), (CB8KV, CB8), (CB8T, CB8), (CBM, CB8), (CBKVM, CB8KV), (BM25, TEXT), (CB8, FULLCTX),
+          (CBKVRM, TEXTH), (CBKVRM, CBM), (CBKVRM, CBKVM), (CB8KVR, CB8)]
 GOAL = {"facts1_4000": 0.5, "aggregate_2000": 0.33}  # question-time median TTEOA of CacheBack (best delivery,
 # adaptive) ÷ held text reports'
 NOTES = {TEXT: "text(report='notes')", TEXTH: "text(report='notes', read='held')"}  # aggregation: every fact
-CROSSOVER = [TEXTH, BM25, CB8, CB8KV, CBM, CBKVM, FULLKV, FULLCTX]  # the measured crossover's lines
+CROSSOVER = [TEXTH, BM25, CB8, CB8KV, CB8KVR, CBM, CBKVM, CBKVRM, FULLKV, FULLCTX]
+ADAPTIVE = [CBM, CBKVM, CBKVRM]  # the goal's contenders: CacheBack under the adaptive budget, by delivery  # the measured crossover's lines
 
 
 def groups_for(cell: str, n: int, seed: int) -> list[list]:
@@ -219,9 +224,9 @@ def crossover(out: Path, cells: list[str]) -> list[str]:
 def curve_lines(out: Path, cells: list[str]) -> list[str]:
     """The budget curve: attached K/V at fixed ratios 4–32× and under the adaptive budget, per cell: accuracy
     [95% CI over sets of documents], median message bytes, median question-time TTEOA."""
-    order = [CURVE[0], CB8KV, *CURVE[1:], CBKVM]
+    order = [CURVE[0], CB8KV, *CURVE[1:], CBKVM, CB8KVR, CBKVRM]
     lines = ["## Budget curve", "", "CacheBack with attached K/V (`encoding='kv'`) at fixed budgets ceil(T / r) and "
-             "under the adaptive budget, every question of the cell: accuracy [95% CI], median bytes, median "
+             "under the adaptive budget, then re-encoded K/V (`kv_reencoded`) at 8× and adaptive, every question of the cell: accuracy [95% CI], median bytes, median "
              "question-time TTEOA.", "", "| cell | protocol | n | accuracy [95% CI] | median bytes | "
              "median question-time TTEOA s |", "|---|---|---:|---|---:|---:|"]
     for cell in cells:
@@ -243,15 +248,18 @@ def curve_lines(out: Path, cells: list[str]) -> list[str]:
 
 
 def goal_lines(times: dict[str, dict[str, list[float]]]) -> list[str]:
-    """The goal check of each cell in GOAL that has both protocols' question-time TTEOA."""
+    """The goal check of each cell in GOAL: each adaptive contender's (by delivery) median question-time TTEOA
+    ÷ held text reports'. Speed alone: the goal also asks accuracy not below text's (the verdict rows below)."""
     lines = []
     for cell, target in GOAL.items():
         held = labels_for(cell).get(TEXTH, TEXTH)
-        if times.get(cell, {}).get(CBKVM) and times[cell].get(held):
-            ratio = statistics.median(times[cell][CBKVM]) / statistics.median(times[cell][held])
-            lines += ["", f"Goal at {cell}: `{CBKVM}` ÷ `{held}` median question-time TTEOA ≤ {target}: "
-                      f"measured ×{ratio:.2f}, **{'met' if ratio <= target else 'missed'}** (accuracy: the verdict "
-                      "rows below)."]
+        if not times.get(cell, {}).get(held):
+            continue
+        for label in [p for p in ADAPTIVE if times[cell].get(p)]:
+            ratio = statistics.median(times[cell][label]) / statistics.median(times[cell][held])
+            lines += ["", f"Goal at {cell}: `{label}` ÷ `{held}` median question-time TTEOA ≤ {target}: "
+                      f"measured ×{ratio:.2f}, time **{'met' if ratio <= target else 'missed'}** (accuracy: the "
+                      "verdict rows below)."]
     return lines
 
 

@@ -259,6 +259,42 @@ class Agent:
         t0 = self._clock()
         return self._generate(t0, *self._after_state(state, self.turn_ids(user), max_new_tokens), max_new_tokens)
 
+    @torch.inference_mode()
+    def encode_rows(self, rows: Rows) -> KVState:
+        """The K/V `rows` get where `answer(question, message=rows)` re-prefills them: this agent's template text
+        before the message slot, then the rows, in one forward; the rows' state alone comes back, at positions
+        0..B−1 (every row's K/V on sliding layers too). What a same-model sender ships so that its receiver attaches
+        the rows (`answer_attached`) instead of re-prefilling them; the slot's text does not depend on the question."""
+        self._check_rows(rows)
+        pre = self.ids(self._slot_split("")[0])
+        self.check_window(prompt=len(pre), message=len(rows))
+        t0 = self._clock()
+        cache = self.new_cache(full_history=True)
+        self._forward(cache, 0, embeds=torch.cat([self.embed(pre), rows.embeds.to(self.device, self.dtype)]))
+        token_ids = rows.token_ids.to(self.device)
+        latents = rows.embeds.to(self.device, self.dtype)[token_ids == -1]  # the input fed at each latent row
+        state = KVState.from_cache(cache, self.geometry, torch.cat([pre, token_ids]), latents)
+        self._record("prefill", t0, len(pre) + len(rows), 0, len(state))
+        return state.select(torch.arange(len(pre), len(state), device=self.device)).compact()
+
+    @torch.inference_mode()
+    def answer_attached(self, question: str, message: KVState, max_new_tokens: int = 48) -> Answer:
+        """Greedy answer to `question` with K/V rows attached in the message slot, where `answer(message=rows)`
+        re-prefills rows: this agent prefills its template text before the slot, places `message` right after it
+        (keys re-rotated), then prefills only the text after the slot (the question) and decodes. For one sender's
+        `encode_rows(rows)` this is `answer(question, message=rows)` to float error; for several senders' states
+        placed one after another, each sender's rows have not seen the others' (they were encoded apart)."""
+        t0 = self._clock()
+        self.geometry.check_same(message.geometry)
+        pre, post = self._slot_split(question)
+        self.check_window(message=len(message), prompt=len(pre) + len(post), max_new_tokens=max_new_tokens)
+        cache, ids = self.new_cache(full_history=True), self.ids(pre)
+        self._forward(cache, 0, ids=ids)
+        head = KVState.from_cache(cache, self.geometry, ids)  # (P rows) this agent's own text before the slot
+        placed = KVState.concat([head, message.to(self.device, self.dtype)])
+        return self._generate(t0, placed.to_cache(), len(placed), {"ids": self.ids(post)}, len(message),
+                              len(pre) + len(post), max_new_tokens)
+
     def _after_state(self, state: KVState, ids: list[int], max_new_tokens: int):
         """`_receiver_input` for a prompt `ids` that continues a state: the state is the cache's prefix."""
         self.geometry.check_same(state.geometry)

@@ -69,10 +69,12 @@ def test_the_aggregation_cell_asks_for_notes_and_checks_its_own_goal(monkeypatch
     assert (ss.CBKVM, "text(report='notes', read='held')") in family and ss.TEXTH not in {a for p in family for a in p}
     assert ss.family_for("facts1_500") == ss.FAMILY
     times = {"aggregate_2000": {ss.CBKVM: [1.0, 1.2], "text(report='notes', read='held')": [4.0, 4.4]},
-             "facts1_4000": {ss.CBKVM: [3.0], ss.TEXTH: [4.0]}}
+             "facts1_4000": {ss.CBKVM: [3.0], ss.CBKVRM: [1.6], ss.TEXTH: [4.0]}}
     text = "\n".join(ss.goal_lines(times))
-    assert "Goal at aggregate_2000" in text and "≤ 0.33: measured ×0.26, **met**" in text
-    assert "Goal at facts1_4000" in text and "≤ 0.5: measured ×0.75, **missed**" in text
+    assert "Goal at aggregate_2000" in text and "≤ 0.33: measured ×0.26, time **met**" in text
+    assert f"`{ss.CBKVM}` ÷ `{ss.TEXTH}` median question-time TTEOA ≤ 0.5: measured ×0.75, time **missed**" in text
+    assert f"`{ss.CBKVRM}` ÷ `{ss.TEXTH}` median question-time TTEOA ≤ 0.5: measured ×0.40, time **met**" in text
+    assert ss.CBM not in text  # a contender with no figures in the cell is not judged
 
 
 def test_a_group_resumed_after_its_first_question_still_finds_its_reads_held(tmp_path, monkeypatch, models,

@@ -29,8 +29,12 @@ from .variants import SCORING_PRESETS, variant_fields  # noqa: F401  (re-exporte
 
 # "rows": hidden-size input rows the receiver re-prefills; "token_ids": their ids (+ latent rows); "kv": the selected
 # rows' own K/V, keys re-rotated to consecutive positions, attached as the receiver's prefix (no re-prefill: a row
-# keeps what the sender's context wrote into it, e.g. a pronoun's antecedent).
-ENCODINGS = ("rows", "token_ids", "kv")
+# keeps what the sender's context wrote into it, e.g. a pronoun's antecedent); "kv_reencoded": the K/V the selected
+# rows get when the sender re-reads them alone in the receiver's message slot (`Agent.encode_rows`), attached there
+# (`Agent.answer_attached`): what "rows" computes at the receiver, moved to the sender (and without the other
+# senders' rows in view). docs/methods.md#kv-delivery measures why attached read K/V lose accuracy.
+ENCODINGS = ("rows", "token_ids", "kv", "kv_reencoded")
+KV_ENCODINGS = ("kv", "kv_reencoded")  # messages that are K/V states: attached by the receiver, not re-prefilled
 QUERY_FORMATS = ("turn", "raw")
 SPAN_MODES = ("fixed", "sentence")
 # Background calibration (calibration.py): the question's scores ÷ those of a content-free query.
@@ -71,7 +75,8 @@ class CacheBack(Protocol):
     latent_mode: str = "rescale"
     selector: str = "cacheback"
     selector_params: dict = field(default_factory=dict)
-    encoding: str = "rows"  # "rows" (re-prefilled), "token_ids" (ids + latent rows) or "kv" (attached K/V)
+    encoding: str = "rows"  # ENCODINGS: "rows" (re-prefilled), "token_ids" (ids + latent rows), "kv" (the read's
+    # K/V, attached) or "kv_reencoded" (the rows' K/V re-read alone by the sender, attached in the message slot)
     span: int = SPAN
     # "sentence" (default): spans end at the document's sentence and line boundaries (at most 2·span rows),
     # so a fact is not split across two spans; "fixed": spans of `span` document rows (the paper). Measured
@@ -334,7 +339,7 @@ class CacheBack(Protocol):
             budget += min(B, prompt - 1)
             first, latent = first + 1, latent + self.latent_steps
         if self.encoding == "kv":  # the prompt continues after the attached rows
-            prompt = len(receiver.kv_prompt_ids(question))
+            prompt = len(receiver.kv_prompt_ids(question))  # kv_reencoded: attached inside the slot, as rows
         else:
             pre, post = receiver.slot_ids(receiver.chat_text(MESSAGE_PROMPT.format(question=question)))
             prompt = len(pre) + len(post)
@@ -348,15 +353,15 @@ class CacheBack(Protocol):
         parts, seconds, kept, timing = self.send(senders, documents, question)
         t0 = time.perf_counter()
         message = self.receive(receiver, question, parts)
-        place_s = time.perf_counter() - t0 if self.encoding == "kv" else 0.0  # re-rotating K/V is real work
-        if self.encoding == "kv":
+        place_s = time.perf_counter() - t0 if self.encoding in KV_ENCODINGS else 0.0  # re-rotating K/V is real work
+        if self.encoding in KV_ENCODINGS:
             nbytes = sum(len(p.to_bytes()) for p in parts)  # each sender ships its selected rows' state
             details = {"message_rows": len(message), "kv_bytes": nbytes, "place_s": place_s}
         else:
             nbytes = message.nbytes if self.encoding == "rows" else message.token_id_nbytes
             details = {"message_rows": len(message), "rows_bytes": message.nbytes,
                        "token_id_bytes": message.token_id_nbytes}
-        reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
+        reply = self.reply(receiver, question, message)
         return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds + place_s,
                        {"senders": timing} | details, kept_spans=tuple(kept), read_seconds=self.reads_of(timing),
                        after_first=after_first(reply))
@@ -367,14 +372,25 @@ class CacheBack(Protocol):
 
     def receive(self, receiver: Agent, question: str, parts: Sequence) -> Rows | KVState:
         """The receiver's input from the senders' messages (in sender order): their rows, concatenated; for "kv",
-        their states placed one after another (keys re-rotated: the receiver's prefix)."""
-        return KVState.concat(parts) if self.encoding == "kv" else Rows.cat(parts)
+        their states placed one after another (keys re-rotated: the receiver's prefix, or for "kv_reencoded" what
+        it attaches in its message slot)."""
+        return KVState.concat(parts) if self.encoding in KV_ENCODINGS else Rows.cat(parts)
+
+    def reply(self, receiver: Agent, question: str, message: Rows | KVState):
+        """The receiver's answer over `receive`'s message: re-prefilled rows, the read's K/V as its prefix, or
+        re-encoded K/V attached in its message slot."""
+        if self.encoding == "kv_reencoded":
+            return receiver.answer_attached(question, message, max_new_tokens=self.max_new_tokens)
+        return receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
 
     def pack(self, sender: Agent, state: KVState, rows: torch.Tensor, per_row: list, document: str, index: int):
         """What sender `index` sends for its selected `rows` (timed as its selection): the rows themselves, or for
-        "kv" their K/V with keys re-rotated to positions 0..B−1."""
+        "kv" their K/V with keys re-rotated to positions 0..B−1, for "kv_reencoded" the K/V the sender computes
+        re-reading them alone in the message slot (`Agent.encode_rows`, positions 0..B−1)."""
         if self.encoding == "kv":
             return state.select(rows).compact()
+        if self.encoding == "kv_reencoded":
+            return sender.encode_rows(sender.rows(state.select(rows)))
         return sender.rows(state.select(rows))
 
     def send(self, senders: Sequence[Agent], documents: Sequence[str], question: str) -> tuple[list, list, list, list]:

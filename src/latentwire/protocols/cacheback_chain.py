@@ -21,7 +21,7 @@ from ..message import Rows
 from ..select import (TextSelector, always_kept, fanin_budget, fixed_chain_budget, relative_chain_budget,
                       select_rows)
 from .base import SENDER_PROMPT, Outcome, register
-from .cacheback import CacheBack
+from .cacheback import KV_ENCODINGS, CacheBack
 from .documents import document_rows, token_document_spans
 
 HOP_PROMPT = "Notes from the previous agent:\n" + SLOT + "\n\n" + SENDER_PROMPT
@@ -47,8 +47,9 @@ class CacheBackChain(CacheBack):
         if self.context != "none" or self.mass is not None or self.fill != "cut":
             raise ConfigError("cacheback_chain sets each hop's budget itself and spends it exactly: context=, mass= "
                               "and fill= are for fan-in")
-        if self.encoding == "kv":
-            raise ConfigError("cacheback_chain re-prefills each hop's rows: encoding 'rows' or 'token_ids', not 'kv'")
+        if self.encoding in KV_ENCODINGS:
+            raise ConfigError(f"cacheback_chain re-prefills each hop's rows: encoding 'rows' or 'token_ids', not "
+                              f"{self.encoding!r}")
         if self.fuse is not None or isinstance(self._selector, TextSelector):
             raise ConfigError("cacheback_chain scores each hop's state with a state selector: text selectors and "
                               "fuse= are for fan-in (cacheback, cacheback_x, retrieval)")

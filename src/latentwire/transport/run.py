@@ -64,7 +64,7 @@ def cacheback_send(node, spec, document: str, question: str, index: int = 0):
         packed, kept = node.pack(m, protocol=p.name), m.spans
         sent.timing.update(spans=len(m.spans), text_chars=len(m.text),  # as CacheBackX.run records them
                            latent_rows=0 if m.latents is None else len(m.latents))
-    elif isinstance(m, KVState):  # cacheback_x "translated": K/V already in the receiver's geometry
+    elif isinstance(m, KVState):  # K/V: cacheback "kv" / "kv_reencoded", or cacheback_x "translated"
         packed, kept = node.pack(m, protocol=p.name), sent.kept
         sent.timing.update(translated_rows=len(m))
     else:
@@ -94,7 +94,8 @@ def fanin_answer(node, spec, question: str, *packed):
     bodies = [g.body for g in got]
     message = p.receive(node.agent, question, bodies) if isinstance(p, CacheBack) else KVState.concat(bodies)
     unpack_s = time.perf_counter() - t0
-    reply = node.agent.answer(question, message=message, max_new_tokens=p.max_new_tokens)
+    reply = p.reply(node.agent, question, message) if isinstance(p, CacheBack) else \
+        node.agent.answer(question, message=message, max_new_tokens=p.max_new_tokens)
     out = _answer_info(reply) | _received_info(got) | {"unpack_s": unpack_s, "message_rows": len(message)}
     if isinstance(message, Rows):
         out |= {"rows_bytes": message.nbytes, "token_id_bytes": message.token_id_nbytes}
