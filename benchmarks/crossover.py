@@ -13,12 +13,12 @@ Modelled (S senders in parallel, each with a T-token document; text reports of L
 receiver answers A tokens):
     text      = prefill(T) + L·step(T)                  + prefill(S·L + q) + A·step(S·L + q)
     cacheback = prefill(T) + G·step(T) + score(T)       + prefill(S·(T/r + G) + q) + A·step(S·(T/r + G) + q)
-and, for a deployed system whose agents read their documents before the question arrives:
-    text, pre-read      = prefill of the question on the cached document + L·step(T) + receiver
-    cacheback, pre-read = score(T) + receiver
 The crossover L* is the report length where the two TTEOAs meet. Report lengths the models actually
 produce are read from the text records of the runs under docs/results (per sender, `report_tokens`).
-Writes docs/results/crossover_<model>_<dtype>.{md,json,png}.
+Agents that read their documents before the question arrives are not modelled: the page quotes the
+question-time TTEOA that `stored_states.py` measured (docs/results/stored_states/).
+Writes docs/results/crossover_<model>_<dtype>.{md,json,png}; `--page-only` rewrites the page from that json
+(with the stored-states figures as they are now) without measuring.
 """
 from __future__ import annotations
 
@@ -38,6 +38,8 @@ from latentwire.bench.runner import environment
 from latentwire.bench.tasks import facts
 from latentwire.protocols.base import SENDER_PROMPT
 from latentwire.protocols.cacheback import CacheBack
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # stored_states.py: the measured question-time figures
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "results"
 LENGTHS = (250, 500, 1000, 2000, 4000)
@@ -88,20 +90,46 @@ def model(f: dict, T: float, L: float, args, q: int) -> dict:
     recv_text = poly(f["prefill"], S * L + q) + A * poly(f["step"], S * L + q)
     rows = S * (math.ceil(T / r) + G) + q
     recv_cb = poly(f["prefill"], rows) + A * poly(f["step"], rows)  # re-prefilled rows cost what tokens do
-    question_on_cache = max(0.0, poly(f["prefill"], T + q) - poly(f["prefill"], T))
     return {"text": poly(f["prefill"], T) + L * poly(f["step"], T) + recv_text,
-            "cacheback": poly(f["prefill"], T) + G * poly(f["step"], T) + poly(f["score"], T) + recv_cb,
-            "text_preread": question_on_cache + L * poly(f["step"], T) + recv_text,
-            "cacheback_preread": poly(f["score"], T) + recv_cb}
+            "cacheback": poly(f["prefill"], T) + G * poly(f["step"], T) + poly(f["score"], T) + recv_cb}
 
 
-def crossover(f: dict, T: float, args, q: int, key: str = "") -> float | None:
+def crossover(f: dict, T: float, args, q: int) -> float | None:
     """Smallest report length L (tokens per sender) at which text's TTEOA exceeds CacheBack's."""
     for L in range(0, 4001):
         m = model(f, T, L, args, q)
-        if m["text" + key] > m["cacheback" + key]:
+        if m["text"] > m["cacheback"]:
             return float(L)
     return None
+
+
+def held_lines() -> list[str]:
+    """The measured question-time TTEOA of agents that hold their documents (stored_states.py's records as they
+    are now): median per protocol and document length, and the ratio to held text reports."""
+    import stored_states as ss
+
+    cells = [c for c in ss.CELLS if c.startswith("facts") and (ss.OUT / c / "records.jsonl").exists()]
+    if not cells:
+        return []
+    times = {c: ss.question_times(ss.OUT / c) for c in cells}
+    cpu = json.loads((ss.OUT / cells[0] / "config.json").read_text())["environment"].get("cpu_model")
+    lines = ["", "## Agents that hold their documents: measured", "",
+             "Agents that read before the question arrives pay only the question-time TTEOA. It is measured, not "
+             "modelled: median question-time TTEOA in seconds over every question of the stored-states study "
+             f"(first questions and follow-ups; {cpu}, so compare its ratios with this page, not its seconds), "
+             "and its ratio to text reports from held documents ([stored states](stored_states/README.md), "
+             "which has the CIs, accuracy and the plot).", "",
+             "| protocol | " + " | ".join(f"{int(c.split('_')[1]):,} tokens" for c in cells) + " |",
+             "|---|" + "---:|" * len(cells)]
+    for label in [ss.TEXTH, ss.CB8, ss.CB8KVR, ss.CBM, ss.CBKVRM, ss.CBKVM, ss.FULLKV]:
+        row = []
+        for c in cells:
+            v, ref = times[c].get(label), times[c].get(ss.TEXTH)
+            held = v and ref and label != ss.TEXTH
+            ratio = f" (×{statistics.median(v) / statistics.median(ref):.2f})" if held else ""
+            row.append(f"{statistics.median(v):.2f}{ratio} (n = {len(v)})" if v else "—")
+        lines.append(f"| `{label}` | " + " | ".join(row) + " |")
+    return lines
 
 
 def report_lengths(model_name: str) -> list[int]:
@@ -127,17 +155,39 @@ def main() -> None:
     ap.add_argument("--senders", type=int, default=3)
     ap.add_argument("--answer-tokens", type=int, default=12)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--page-only", action="store_true", help="rewrite the page from its json, measuring nothing")
     args = ap.parse_args()
-    agent = Agent.from_pretrained(args.model, dtype=args.dtype)
-    dtype = str(agent.dtype).removeprefix("torch.")
-    raw = measure(agent, args.repeats, args.latent_steps)
-    q = len(agent.tokenizer(agent.continuation_text(KV_PROMPT.format(question=QUESTION)))["input_ids"])
-    f = {"prefill": fit(raw["prefill"], 1), "step": fit(raw["step"], 1), "score": fit(raw["score"], 1)}
-    lengths = report_lengths(args.model)
+    if args.page_only:  # the measuring command's options, from the json it wrote
+        found = sorted(OUT.glob(f"crossover_{args.model}_{args.dtype or '*'}.json"))
+        if len(found) != 1:
+            sys.exit(f"--page-only needs one measured json for {args.model}, found {[p.name for p in found]}: "
+                     "pass --dtype, or measure first")
+        data, dtype = json.loads(found[0].read_text()), found[0].stem.rsplit("_", 1)[1]
+        args = ap.parse_args(data["command"].split()[2:])
+    else:
+        agent = Agent.from_pretrained(args.model, dtype=args.dtype)
+        dtype = str(agent.dtype).removeprefix("torch.")
+        raw = measure(agent, args.repeats, args.latent_steps)
+        q = len(agent.tokenizer(agent.continuation_text(KV_PROMPT.format(question=QUESTION)))["input_ids"])
+        f = {"prefill": fit(raw["prefill"], 1), "step": fit(raw["step"], 1), "score": fit(raw["score"], 1)}
+        lengths = report_lengths(args.model)
+        data = {"command": " ".join(["python benchmarks/crossover.py"] + sys.argv[1:]), "raw": raw, "fits": f,
+                "question_tokens": q, "report_lengths": lengths, "environment": environment()}
+    write_page(data, args, dtype, " ".join(["python benchmarks/crossover.py"] + sys.argv[1:]))
+
+
+def page_stem(model: str, dtype: str) -> Path:
+    return OUT / f"crossover_{model}_{dtype}"
+
+
+def write_page(data: dict, args, dtype: str, written_by: str) -> None:
+    """The page, its json and its plot from the measured costs in `data` (the fits model the cold TTEOA);
+    `written_by`: the command writing the page (the measuring one, or a `--page-only` rewrite)."""
+    raw, f, q, lengths, cmd = data["raw"], data["fits"], data["question_tokens"], data["report_lengths"], data["command"]
     L_med = statistics.median(lengths) if lengths else None
-    cmd = " ".join(["python benchmarks/crossover.py"] + sys.argv[1:])
     lines = [f"# Where the time goes: {args.model} ({dtype}), {args.senders} senders, CacheBack {args.ratio:g}×, "
-             f"G = {args.latent_steps}", "", f"Command: `{cmd}`", "",
+             f"G = {args.latent_steps}", "", f"Command: `{cmd}`"
+             + (f" (page rewritten by `{written_by}`)" if written_by != cmd else ""), "",
              "Measured costs (median of repeats) and their fits:", "",
              "| document rows T | prefill s | decode step s | 8 latent steps s | CacheBack scoring s | "
              "receiver prefill of T/8 rows s (prefill fit) |", "|---:|---:|---:|---:|---:|---:|"]
@@ -152,23 +202,20 @@ def main() -> None:
               "", f"Report lengths the models wrote in this repository's text runs ({args.model}): "
               + (f"median {L_med:.0f} tokens per sender (n = {len(lengths)}, 90th percentile "
                  f"{sorted(lengths)[int(0.9 * (len(lengths) - 1))]})." if lengths else "none recorded."), "",
-              "| T | TTEOA text at the median report s | TTEOA CacheBack s | crossover L* (tokens per report) | "
-              "pre-read: text s | pre-read: CacheBack s | pre-read crossover L* |", "|---:|---:|---:|---:|---:|---:|---:|"]
+              "| T | cold TTEOA text at the median report s | cold TTEOA CacheBack s | crossover L* (tokens per report) |",
+              "|---:|---:|---:|---:|"]
     table = {}
     for T in (500, 2000, 4000):
         m = model(f, T, L_med or 0, args, q)
-        c, cp = crossover(f, T, args, q), crossover(f, T, args, q, "_preread")
-        table[T] = {"model_at_median_report": m, "crossover": c, "crossover_preread": cp}
-        lines.append(f"| {T} | {m['text']:.2f} | {m['cacheback']:.2f} | {c if c is not None else '> 4000'} | "
-                     f"{m['text_preread']:.2f} | {m['cacheback_preread']:.2f} | {cp if cp is not None else '> 4000'} |")
+        c = crossover(f, T, args, q)
+        table[T] = {"model_at_median_report": m, "crossover": c}
+        lines.append(f"| {T} | {m['text']:.2f} | {m['cacheback']:.2f} | {c if c is not None else '> 4000'} |")
     lines += ["", "Below L*, text answers sooner; above it, CacheBack does. The plot shows TTEOA against the "
               "report length for each document length, with the measured report lengths marked.", "",
-              f"![crossover](crossover_{args.model}_{dtype}.png)"]
-    stem = OUT / f"crossover_{args.model}_{dtype}"
+              f"![crossover](crossover_{args.model}_{dtype}.png)"] + held_lines()
+    stem = page_stem(args.model, dtype)
     stem.with_name(stem.name + ".md").write_text("\n".join(lines) + "\n")
-    stem.with_name(stem.name + ".json").write_text(json.dumps({"command": cmd, "raw": raw, "fits": f, "question_tokens": q,
-                                                     "report_lengths": lengths, "table": table,
-                                                     "environment": environment()}, indent=2) + "\n")
+    stem.with_name(stem.name + ".json").write_text(json.dumps(data | {"table": table}, indent=2) + "\n")
     plot(f, args, q, lengths, stem.with_name(stem.name + ".png"), f"{args.model} ({dtype})")
     print("\n".join(lines))
 

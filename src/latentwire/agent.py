@@ -291,7 +291,7 @@ class Agent:
         cache, ids = self.new_cache(full_history=True), self.ids(pre)
         self._forward(cache, 0, ids=ids)
         head = KVState.from_cache(cache, self.geometry, ids)  # (P rows) this agent's own text before the slot
-        placed = KVState.concat([head, message.to(self.device, self.dtype)])
+        placed = KVState.concat([head, message.compact().to(self.device, self.dtype)])  # gaps closed, as `answer`
         return self._generate(t0, placed.to_cache(), len(placed), {"ids": self.ids(post)}, len(message),
                               len(pre) + len(post), max_new_tokens)
 

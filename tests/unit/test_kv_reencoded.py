@@ -77,15 +77,49 @@ def test_several_senders_are_encoded_apart_and_attached_one_after_another(agent_
     assert not torch.allclose(seen[1][1], seen[2][1], atol=1e-3) and rows.kept_spans == out.kept_spans
 
 
-def test_a_message_too_long_for_the_receiver_is_refused_before_any_compute(agent_for):
+def _no_compute(monkeypatch, agent):
+    monkeypatch.setattr(agent, "_forward", lambda *a, **k: pytest.fail("a forward ran before the window check"))
+
+
+def test_a_message_too_long_for_the_receiver_is_refused_before_any_compute(agent_for, monkeypatch):
     agent = agent_for("llama")
     part = agent.encode_rows(agent.rows(selected(CacheBack(ratio=2, latent_steps=1), agent, DOC)))
     small = agent_for("llama", context_window=len(part) + 4)
+    _no_compute(monkeypatch, small)  # not even the receiver's own template text is prefilled
     with pytest.raises(ContextOverflowError):
         small.answer_attached(Q, part)
-    assert not small.calls  # nothing was prefilled
     with pytest.raises(ContextOverflowError):
         small.encode_rows(agent.rows(KVState.concat([part, part])))
+
+
+def test_a_sender_whose_re_read_overflows_is_refused_before_it_reads(agent_for, monkeypatch):
+    """ratio=1 sends every row: the read fits the sender's window, its re-read after the slot's text does not."""
+    cb = CacheBack(ratio=1, latent_steps=1, encoding="kv_reencoded", max_new_tokens=2)
+    probe = agent_for("llama")
+    T = len(probe.chat_ids(cb.sender_prompt(DOC))) + 1
+    sender, receiver = agent_for("llama", context_window=T), agent_for("llama")
+    _no_compute(monkeypatch, sender)
+    with pytest.raises(ContextOverflowError, match="slot prompt"):
+        cb.run([sender], [DOC], receiver, Q)
+    CacheBack(ratio=1, latent_steps=1, max_new_tokens=2).check_window([sender], [DOC], receiver, Q)  # rows: fits
+
+
+def test_a_transport_runs_it_as_the_protocol_does(agent_for):
+    """run_protocol (zero-copy and over the wire): the same answer, bytes and rows as `CacheBack.run`."""
+    from latentwire.transport import AgentSpec, InProcessTransport, run_protocol
+
+    cb = CacheBack(ratio=2, latent_steps=1, encoding="kv_reencoded", max_new_tokens=3)
+    agent = agent_for("gemma3")
+    ref = cb.run([agent, agent], [DOC, OTHER], agent, Q)
+    for wire in (False, True):
+        with InProcessTransport(wire=wire) as t:
+            for name in ("s0", "s1", "r"):
+                t.add(name, AgentSpec.tiny("gemma3"))
+            out = run_protocol(t, cb, ["s0", "s1"], [DOC, OTHER], "r", Q)
+        assert (out.answer, out.message_bytes, out.receiver_context, out.kept_spans) == \
+            (ref.answer, ref.message_bytes, ref.receiver_context, ref.kept_spans)
+        assert out.details["kv_bytes"] == ref.details["kv_bytes"] and "delivery" not in out.details
+        assert out.details["message_rows"] == ref.details["message_rows"]
 
 
 def test_kv_encodings_are_named_and_refused_where_rows_are_re_prefilled():
@@ -95,3 +129,42 @@ def test_kv_encodings_are_named_and_refused_where_rows_are_re_prefilled():
         get_protocol("cacheback", encoding="kv_local")
     with pytest.raises(ConfigError):
         get_protocol("cacheback_x", encoding="kv_reencoded")
+
+
+def test_the_delivery_benchmark_gives_each_variant_the_same_selection(agent_for, monkeypatch):
+    """benchmarks/kv_delivery.py: its rows, kv and kv_reencoded variants answer as the protocols do."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import kv_delivery as kd
+
+    agent = agent_for("qwen2")
+    kw = dict(ratio=2, latent_steps=2, max_new_tokens=3)
+    cb = CacheBack(encoding="kv", **kw)
+    sent = [cb.send_one(agent, doc, Q, i) for i, doc in enumerate([DOC, OTHER])]
+    parts = [x.part for x in sent]
+    units = [cb.span_groups(kd.token_document_spans(agent, agent.chat_text(cb.sender_prompt(d)), d), d)
+             for d in (DOC, OTHER)]
+    got = kd.answers(agent, Q, parts, 3, [x.positions for x in sent], units)
+    assert tuple(got) == kd.VARIANTS
+    for variant in ("rows", "kv", "kv_reencoded"):
+        assert got[variant] == CacheBack(encoding=variant, **kw).run([agent, agent], [DOC, OTHER], agent, Q).answer
+    # touching sentences stay apart; rows outside every unit (first, latent) group by run
+    assert kd.blocks([0, 5, 6, 7, 12, 40, 41], [[5, 6], [7, 8], [12]]) == [[0], [1, 2], [3], [4], [5, 6]]
+    blocks = kd.blocks(sent[0].positions, units[0])
+    assert sorted(i for b in blocks for i in b) == list(range(len(parts[0]))) and len(blocks) > 2
+    pos = [sent[0].positions[i] for i in blocks[1]]
+    one = kd.sentences(agent, parts[0].select(blocks[1]).compact(), pos, units[0])
+    assert torch.allclose(one.layers[0].keys, agent.encode_rows(agent.rows(parts[0].select(blocks[1]))).layers[0].keys)
+    bare = kd.without(parts[0], first=True, latent=True)
+    assert len(bare) == len(parts[0]) - 3 and bool((bare.token_ids >= 0).all()) and bare.is_compact
+
+
+def test_a_message_with_gaps_is_attached_closed_up(agent_for, spy_decode):
+    """A state whose positions have gaps (e.g. selected, not compacted) is placed compacted, as `answer` places K/V."""
+    agent = agent_for("qwen2")
+    part = agent.encode_rows(agent.rows(selected(CacheBack(ratio=2, latent_steps=1), agent, DOC)))
+    seen = spy_decode(agent)
+    a = agent.answer_attached(Q, part, max_new_tokens=2)
+    b = agent.answer_attached(Q, part.rerotate(2 * part.positions + 3), max_new_tokens=2)
+    assert a.text == b.text and seen[0][0] == seen[1][0] and torch.allclose(seen[0][1], seen[1][1], atol=1e-5)

@@ -32,7 +32,7 @@ from .variants import SCORING_PRESETS, variant_fields  # noqa: F401  (re-exporte
 # keeps what the sender's context wrote into it, e.g. a pronoun's antecedent); "kv_reencoded": the K/V the selected
 # rows get when the sender re-reads them alone in the receiver's message slot (`Agent.encode_rows`), attached there
 # (`Agent.answer_attached`): what "rows" computes at the receiver, moved to the sender (and without the other
-# senders' rows in view). docs/methods.md#kv-delivery measures why attached read K/V lose accuracy.
+# senders' rows in view). docs/methods.md#kv-delivery: why attached read K/V lose accuracy.
 ENCODINGS = ("rows", "token_ids", "kv", "kv_reencoded")
 KV_ENCODINGS = ("kv", "kv_reencoded")  # messages that are K/V states: attached by the receiver, not re-prefilled
 QUERY_FORMATS = ("turn", "raw")
@@ -329,13 +329,18 @@ class CacheBack(Protocol):
     def check_window(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> None:
         """ContextOverflowError, before any sender reads, unless every sender's state and the largest message
         the budgets allow fit: per sender min(B, T - 1) document rows (at least one whole sentence, ≤ 2·span rows,
-        under the unit floor) + its first row + G latent rows, then the receiver's prompt and answer."""
+        under the unit floor) + its first row + G latent rows, then the receiver's prompt and answer; for
+        "kv_reencoded" each sender's re-read of those rows after its slot's template text, too."""
         budget = first = latent = 0
-        for prompt in self.check_senders(senders, documents, question):
+        for i, (sender, prompt) in enumerate(zip(senders, self.check_senders(senders, documents, question))):
             T = prompt + self.latent_steps
             B = fanin_budget(T, self.ratio)
             if self.unit_floor and self.span_mode == "sentence" and (B < self.span or self.fill == "whole"):
                 B = max(B, 2 * self.span)  # the unit floor may send one whole sentence of up to 2·span rows
+            if self.encoding == "kv_reencoded":  # the sender re-reads its rows after its slot's template text
+                pre = sender.slot_ids(sender.chat_text(MESSAGE_PROMPT.format(question=question)))[0]
+                sender.check_window(**{f"sender {i} slot prompt": len(pre),
+                                       "sent_rows": min(B, prompt - 1) + 1 + self.latent_steps})
             budget += min(B, prompt - 1)
             first, latent = first + 1, latent + self.latent_steps
         if self.encoding == "kv":  # the prompt continues after the attached rows

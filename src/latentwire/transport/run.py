@@ -66,7 +66,8 @@ def cacheback_send(node, spec, document: str, question: str, index: int = 0):
                            latent_rows=0 if m.latents is None else len(m.latents))
     elif isinstance(m, KVState):  # K/V: cacheback "kv" / "kv_reencoded", or cacheback_x "translated"
         packed, kept = node.pack(m, protocol=p.name), sent.kept
-        sent.timing.update(translated_rows=len(m))
+        if getattr(p, "delivery", None) == "translated":  # as CacheBackX.run records it (CacheBack.run does not)
+            sent.timing.update(translated_rows=len(m))
     else:
         budget = fanin_budget(sent.timing["rows"], p.ratio)
         packed, kept = node.pack(m, protocol=p.name, positions=sent.positions,
@@ -81,10 +82,11 @@ def fanin_answer(node, spec, question: str, *packed):
     """A fan-in receiver (cacheback, cacheback_x, fullkv): the senders' messages in sender order, then the answer.
 
     Rows (cacheback) are concatenated and Spans (cacheback_x) tokenised by this agent (`CacheBack.receive`),
-    then re-prefilled in the receiver's template slot; KV states (fullkv, cacheback_x "translated") are
-    concatenated along the sequence axis. `unpack_s` times decoding plus joining.
+    then re-prefilled in the receiver's template slot; KV states (fullkv, cacheback "kv" / "kv_reencoded",
+    cacheback_x "translated") are concatenated along the sequence axis and answered over as the protocol's own
+    `run` does (`CacheBack.reply`). `unpack_s` times decoding plus joining.
     """
-    from ..protocols.cacheback import CacheBack
+    from ..protocols.cacheback import KV_ENCODINGS, CacheBack
     from ..message import Rows, Spans
     from ..state import KVState
 
@@ -104,7 +106,10 @@ def fanin_answer(node, spec, question: str, *packed):
         out |= {"spans_bytes": sum(b.nbytes for b in bodies), "text_bytes": text_bytes,
                 "text_rows": int((message.token_ids != -1).sum()), "latent_rows": int((message.token_ids == -1).sum())}
     if isinstance(p, CacheBack) and isinstance(message, KVState):
-        out |= {"kv_bytes": sum(b.nbytes for b in bodies), "translated_rows": len(message)}
+        if p.encoding in KV_ENCODINGS:  # each sender's serialised state, as CacheBack.run counts it
+            out |= {"kv_bytes": sum(len(b.to_bytes()) for b in bodies)}
+        else:  # cacheback_x "translated": the K/V tensors, as CacheBackX.run counts them
+            out |= {"kv_bytes": sum(b.nbytes for b in bodies), "translated_rows": len(message)}
     return out
 
 
@@ -294,9 +299,11 @@ def _run_fanin(t: Transport, spec, kind, send, answer, senders, documents, recei
             details |= {"delivery": spec[1]["delivery"], "text_rows": got["text_rows"],
                         "latent_rows": got["latent_rows"], "text_bytes": got["text_bytes"],
                         "latent_bytes": nbytes - got["text_bytes"]}
-        elif "kv_bytes" in got:  # cacheback_x "translated": K/V rows in the receiver's geometry
+        elif "kv_bytes" in got:  # cacheback "kv" / "kv_reencoded", or cacheback_x "translated" (receiver's geometry)
             nbytes = got["kv_bytes"]
-            details |= {"delivery": spec[1]["delivery"], "kv_bytes": nbytes, "translated_rows": got["translated_rows"]}
+            details |= {"kv_bytes": nbytes}
+            if "translated_rows" in got:
+                details |= {"delivery": spec[1]["delivery"], "translated_rows": got["translated_rows"]}
         else:
             nbytes = got["rows_bytes"] if spec[1]["encoding"] == "rows" else got["token_id_bytes"]
             details |= {"rows_bytes": got["rows_bytes"], "token_id_bytes": got["token_id_bytes"]}
