@@ -263,6 +263,34 @@ def goal_lines(times: dict[str, dict[str, list[float]]]) -> list[str]:
     return lines
 
 
+def time_lines(out: Path, cells: list[str]) -> list[str]:
+    """Where the question-time TTEOA goes, per cell and protocol (medians over every question with the figure):
+    the slowest sender's seconds after its read (scoring, selection, a report or a re-read), the receiver's
+    seconds to its first answer token (its prefill), and its decode after that, with the answer's length in words."""
+    lines = ["## Where the time goes", "", "Medians over every question of the cell that has a question-time "
+             "figure: the slowest sender after its read (question-time TTEOA − receiver), the receiver to its first "
+             "answer token (its prefill of template, message and question), its decode after it, and the answer's "
+             "words. Each column is its own median, so they need not add up to the TTEOA's.", "",
+             "| cell | protocol | senders s | receiver to first token s | receiver decode s | answer words |",
+             "|---|---|---:|---:|---:|---:|"]
+    for cell in cells:
+        folder = out / cell
+        if not (folder / "records.jsonl").exists():
+            continue
+        _, records = read_run(folder)
+        for label in dict.fromkeys(r["protocol"] for r in records):
+            rs = [r for r in records if r["protocol"] == label and r.get("tteoa_question") is not None
+                  and r.get("ttft") is not None]
+            if not rs:
+                continue
+            med = lambda xs: f"{statistics.median(xs):.2f}"  # noqa: E731
+            decode = [r["tteoa"] - r["ttft"] for r in rs]
+            lines.append(f"| {cell} | `{label}` | {med([r['tteoa_question'] - r['receiver_seconds'] for r in rs])} | "
+                         f"{med([r['receiver_seconds'] - d for r, d in zip(rs, decode)])} | {med(decode)} | "
+                         f"{statistics.median(len(r['answer'].split()) for r in rs):.0f} |")
+    return lines if len(lines) > 6 else []
+
+
 def write_index(out: Path) -> None:
     lines = ["# Agents that already hold their documents", "",
              "One-hop `facts` fan-in (3 senders), Qwen2.5-Coder, three questions per set of documents; `aggregate_2000`: "
@@ -273,7 +301,7 @@ def write_index(out: Path) -> None:
              f"`{TEXTH}` is the text sender that holds its document and prefills only the question's turn.", "",
              "| cell | protocol | questions | n | accuracy [95% CI] | median question-time TTEOA s | "
              "median TTEOA s |", "|---|---|---|---:|---|---:|---:|"]
-    details = crossover(out, list(CELLS)) + [""] + curve_lines(out, list(CELLS))
+    details = crossover(out, list(CELLS)) + [""] + time_lines(out, list(CELLS)) + [""] + curve_lines(out, list(CELLS))
     for cell in CELLS:
         folder = out / cell
         if not (folder / "records.jsonl").exists():

@@ -56,6 +56,9 @@ def test_a_cell_reads_each_group_once_and_records_both_timings(tmp_path, monkeyp
     assert "| facts1_500 | `cacheback(ratio=4, latent_steps=1)` | follow-up | 4 |" in page
     assert "## Measured crossover" in page and (tmp_path / "crossover.png").stat().st_size > 0
     assert "| `cacheback(ratio=4, latent_steps=1)` | " in page.split("## Measured crossover")[1]  # its own row
+    times = page.split("## Where the time goes")[1].split("##")[0]  # every protocol with a question-time figure
+    assert f"| facts1_500 | `{protocols[4]}` | " in times and f"| facts1_500 | `{protocols[1]}` | " in times
+    assert f"`{protocols[0]}`" not in times  # text that re-reads has no question-time figure to break down
 
 
 def test_the_aggregation_cell_asks_for_notes_and_checks_its_own_goal(monkeypatch):
