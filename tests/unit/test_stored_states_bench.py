@@ -127,3 +127,31 @@ def test_the_budget_curve_and_verdicts_resample_sets_of_documents_and_one_study_
     ss.check_study_dtype(tmp_path, "float32")
     with pytest.raises(SystemExit, match="ran in float32, this run would use bfloat16"):
         ss.check_study_dtype(tmp_path, "bfloat16")
+
+
+def test_the_crossover_page_is_rewritten_from_its_json_without_measuring(tmp_path, monkeypatch):
+    """benchmarks/crossover.py --page-only: the cold model from the saved costs, no modelled pre-read columns, and
+    the measured question-time section only where the stored-states study has records."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import crossover as xo
+    import stored_states as ss
+
+    monkeypatch.setattr(xo, "OUT", tmp_path)
+    monkeypatch.setattr(ss, "OUT", tmp_path / "stored_states")  # no study here
+    lengths = (300, 500, 900, 1800, 3500)
+    raw = {k: [[T, 1e-3 * T] for T in lengths] for k in ("prefill", "step", "score", "rows", "think")}
+    data = {"command": "python benchmarks/crossover.py --model m --ratio 4", "raw": raw, "question_tokens": 20,
+            "fits": {"prefill": [0.0, 1e-3], "step": [0.07, 1e-6], "score": [0.07, 2e-5]},
+            "report_lengths": [10, 11, 12], "environment": {}}
+    (tmp_path / "crossover_m_bfloat16.json").write_text(json.dumps(data))
+    monkeypatch.setattr(sys, "argv", ["crossover.py", "--model", "m", "--page-only"])
+    xo.main()
+    page = (tmp_path / "crossover_m_bfloat16.md").read_text()
+    assert "CacheBack 4×" in page and "(page rewritten by `python benchmarks/crossover.py --model m --page-only`)" in page
+    assert "pre-read" not in page and "| 4000 | " in page and "## Agents that hold their documents" not in page
+    assert json.loads((tmp_path / "crossover_m_bfloat16.json").read_text())["command"] == data["command"]
+    monkeypatch.setattr(sys, "argv", ["crossover.py", "--model", "other", "--page-only"])
+    with pytest.raises(SystemExit, match="one measured json"):
+        xo.main()
