@@ -75,8 +75,7 @@ class CacheBack(Protocol):
     latent_mode: str = "rescale"
     selector: str = "cacheback"
     selector_params: dict = field(default_factory=dict)
-    encoding: str = "rows"  # ENCODINGS: "rows" (re-prefilled), "token_ids" (ids + latent rows), "kv" (the read's
-    # K/V, attached) or "kv_reencoded" (the rows' K/V re-read alone by the sender, attached in the message slot)
+    encoding: str = "rows"  # ENCODINGS (described above them)
     span: int = SPAN
     # "sentence" (default): spans end at the document's sentence and line boundaries (at most 2·span rows),
     # so a fact is not split across two spans; "fixed": spans of `span` document rows (the paper). Measured
