@@ -9,6 +9,10 @@ question (the same rows for every variant); what differs is how the receiver get
   kv_reencoded          each sender re-reads its rows alone in the slot and ships those K/V (encoding='kv_reencoded')
   kv_sentences          each selected sentence (the sender's span unit), the first row and the latent rows re-read
                         alone in the slot: what a sender could encode before any question arrives
+  kv_blend              the read's K/V in the slot, the receiver recomputing the 15% of rows its context changes
+                        most (encoding='kv_blend', CacheBlend's selective recompute; blend.py)
+  kv_blend_30, _50, _70 ... recomputing 30%, 50%, 70% (100% is `rows` exactly)
+  kv_reencoded_blend    kv_reencoded, the receiver recomputing 15% (CacheBlend's own setting: rows encoded apart)
 
     python benchmarks/kv_delivery.py [--cell facts1_4000] [--groups 6] [--seed 7] [--ratio 4 --mass 0.5]
 
@@ -33,12 +37,14 @@ from latentwire.bench.metrics import answer_scores  # noqa: E402
 from latentwire.bench.report import compare, with_holm  # noqa: E402
 from latentwire.message import Rows  # noqa: E402
 from latentwire.protocols import get_protocol  # noqa: E402
+from latentwire.protocols.cacheback import RECOMPUTE  # noqa: E402
 from latentwire.protocols.documents import token_document_spans  # noqa: E402
 from latentwire.protocols.reads import HeldReads, shared_reads  # noqa: E402
 from latentwire.state import KVState  # noqa: E402
 
 VARIANTS = ("rows", "kv", "kv_in_slot", "kv_in_slot_no_first", "kv_in_slot_no_latent", "kv_reencoded",
-            "kv_sentences")
+            "kv_sentences", "kv_blend", "kv_blend_30", "kv_blend_50", "kv_blend_70",
+            "kv_reencoded_blend")
 
 
 def without(state: KVState, first: bool = False, latent: bool = False) -> KVState:
@@ -71,25 +77,29 @@ def sentences(agent: Agent, part: KVState, positions: list[int], units: list[lis
 
 
 def answers(agent: Agent, question: str, parts: list[KVState], max_new_tokens: int,
-            positions: list[list[int]], units: list[list[list[int]]]) -> dict[str, str]:
-    """Every variant's answer over the senders' selected rows (`parts`: each sender's read K/V, compact;
+            positions: list[list[int]], units: list[list[list[int]]], only=VARIANTS) -> dict[str, str]:
+    """The variants' (`only`) answers over the senders' selected rows (`parts`: each sender's read K/V, compact;
     `positions`: where each row sat in its sender's read; `units`: each sender's sentence units)."""
-    slot = lambda ps: agent.answer_attached(question, KVState.concat(ps), max_new_tokens).text  # noqa: E731
-    return {
-        "rows": agent.answer(question, message=Rows.cat([agent.rows(p) for p in parts]),
-                             max_new_tokens=max_new_tokens).text,
-        "kv": agent.answer(question, message=KVState.concat(parts), max_new_tokens=max_new_tokens).text,
-        "kv_in_slot": slot(parts),
-        "kv_in_slot_no_first": slot([without(p, first=True) for p in parts]),
-        "kv_in_slot_no_latent": slot([without(p, latent=True) for p in parts]),
-        "kv_reencoded": slot([agent.encode_rows(agent.rows(p)) for p in parts]),
-        "kv_sentences": slot([sentences(agent, p, pos, u) for p, pos, u in zip(parts, positions, units)]),
-    }
+    slot = lambda ps, share=0.0: agent.answer_attached(question, KVState.concat(ps), max_new_tokens,  # noqa: E731
+                                                       recompute=share).text
+    make = {
+        "rows": lambda: agent.answer(question, message=Rows.cat([agent.rows(p) for p in parts]),
+                                     max_new_tokens=max_new_tokens).text,
+        "kv": lambda: agent.answer(question, message=KVState.concat(parts), max_new_tokens=max_new_tokens).text,
+        "kv_in_slot": lambda: slot(parts),
+        "kv_in_slot_no_first": lambda: slot([without(p, first=True) for p in parts]),
+        "kv_in_slot_no_latent": lambda: slot([without(p, latent=True) for p in parts]),
+        "kv_reencoded": lambda: slot([agent.encode_rows(agent.rows(p)) for p in parts]),
+        "kv_sentences": lambda: slot([sentences(agent, p, pos, u) for p, pos, u in zip(parts, positions, units)]),
+        "kv_blend": lambda: slot(parts, RECOMPUTE),
+        "kv_reencoded_blend": lambda: slot([agent.encode_rows(agent.rows(p)) for p in parts], RECOMPUTE),
+    } | {f"kv_blend_{p}": (lambda share=p / 100: slot(parts, share)) for p in (30, 50, 70)}
+    return {v: make[v]() for v in only}
 
 
 def summary(records: list[dict], title: str) -> list[str]:
     """Accuracy per variant and each variant against `rows`, paired by question, clustered by set of documents
-    (Holm over the five comparisons)."""
+    (Holm over every variant's comparison)."""
     flat = [{"episode": r["episode"], "protocol": v, "accuracy": r["accuracy"][v]} for r in records for v in VARIANTS]
     clusters = {r["episode"]: r["set"] for r in records}
     rows = with_holm([c for v in VARIANTS[1:] if (c := compare(flat, v, "rows", clusters=clusters))])
@@ -125,29 +135,30 @@ def main() -> None:
     dtype = str(agent.dtype).removeprefix("torch.")
     if any(r["dtype"] != dtype or r["selection"] != selection for r in records):
         sys.exit(f"{path} holds records of another dtype or selection; use another --out")
-    done = {r["episode"] for r in records}
-    with path.open("a", encoding="utf-8") as f:
-        for group in ss.groups_for(args.cell, args.groups, args.seed):
-            if all(ep.id in done for ep in group):
+    have = {r["episode"]: r for r in records}
+    missing = lambda ep_id: [v for v in VARIANTS if v not in have.get(ep_id, {}).get("answers", {})]  # noqa: E731
+    for group in ss.groups_for(args.cell, args.groups, args.seed):
+        if not any(missing(ep.id) for ep in group):
+            continue
+        held = HeldReads()
+        for ep in group:
+            with shared_reads(held):  # one read per sender for the whole group, as an agent holding it
+                sent = [cb.send_one(agent, doc, ep.question, i) for i, doc in enumerate(ep.contexts)]
+            if not (todo := missing(ep.id)):
                 continue
-            held = HeldReads()
-            for ep in group:
-                with shared_reads(held):  # one read per sender for the whole group, as an agent holding it
-                    sent = [cb.send_one(agent, doc, ep.question, i) for i, doc in enumerate(ep.contexts)]
-                if ep.id in done:
-                    continue
-                parts = [x.part for x in sent]
-                units = [cb.span_groups(token_document_spans(agent, agent.chat_text(cb.sender_prompt(doc)), doc), doc)
-                         for doc in ep.contexts]
-                got = answers(agent, ep.question, parts, cb.max_new_tokens, [x.positions for x in sent], units)
-                rec = {"episode": ep.id, "set": group[0].id, "selection": selection, "dtype": dtype,
-                       "message_rows": sum(map(len, parts)), "answers": got,
-                       "accuracy": {v: answer_scores(a, ep.answers)["accuracy"] for v, a in got.items()}}
-                f.write(json.dumps(rec, ensure_ascii=False) + "\n")
-                f.flush()
-                records.append(rec)
-                print(ep.id, rec["accuracy"], flush=True)
-            held.release()
+            parts = [x.part for x in sent]
+            units = [cb.span_groups(token_document_spans(agent, agent.chat_text(cb.sender_prompt(doc)), doc), doc)
+                     for doc in ep.contexts]
+            got = answers(agent, ep.question, parts, cb.max_new_tokens, [x.positions for x in sent], units, todo)
+            rec = have.setdefault(ep.id, {"episode": ep.id, "set": group[0].id, "selection": selection,
+                                          "dtype": dtype, "message_rows": sum(map(len, parts)), "answers": {},
+                                          "accuracy": {}})  # an old record gains the variants added since
+            rec["answers"] |= got
+            rec["accuracy"] |= {v: answer_scores(a, ep.answers)["accuracy"] for v, a in got.items()}
+            records = list(have.values())
+            path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))  # whole, each time
+            print(ep.id, rec["accuracy"], flush=True)
+        held.release()
     cmd = " ".join(["python benchmarks/kv_delivery.py"] + sys.argv[1:])
     (folder / "command.txt").write_text(cmd + "\n")
     text = summary(records, f"# K/V delivery on one selection: `{selection}`, {args.cell}, seed {args.seed}, "

@@ -20,6 +20,7 @@ from .errors import ContextOverflowError, StateFormatError, UnknownNameError
 from .replies import Answer, CallRecord, Stream  # noqa: F401  (re-exported: part of the agent's API)
 from .message import Rows
 from .models import cache_arg, load, tokenizer_fingerprint
+from .blend import blend_mask, deviation, reassemble, recompute_count
 from .rope import decoder_of
 from .state import Geometry, KVState
 
@@ -31,6 +32,10 @@ LATENT_MODES = ("rescale", "realign")
 SLOT = "\u2063MESSAGE\u2063"  # placeholder for a message inside the receiver's prompt
 MESSAGE_PROMPT = "Notes from other agents:\n" + SLOT + "\n\nQuestion: {question}\nAnswer briefly."
 KV_PROMPT = "Using the information above, answer briefly: {question}"
+
+
+class _Stop(Exception):
+    """Raised by a forward hook to end a forward after the layers it needs (`Agent._layer_kv`)."""
 
 
 class Agent:
@@ -126,14 +131,53 @@ class Agent:
         return v * (self.mean_embedding_norm / v.norm().clamp_min(1e-12))
 
     # -- forward ----------------------------------------------------------------------------
-    def _forward(self, cache: DynamicCache, start: int, ids=None, embeds=None) -> torch.Tensor:
-        """Run n new rows at positions start..start+n-1 through the model; returns (n, d) final hidden."""
+    def _forward(self, cache: DynamicCache, start: int, ids=None, embeds=None, positions: torch.Tensor | None = None,
+                 mask=None) -> torch.Tensor:
+        """Run n new rows at positions start..start+n-1 (or at `positions`, (n,), with a prepared attention `mask`)
+        through the model, appended to `cache`; returns (n, d) final hidden."""
         n = (ids if ids is not None else embeds).shape[-2 if embeds is not None else -1]
-        pos = torch.arange(start, start + n, device=self.device)[None]
+        pos = torch.arange(start, start + n, device=self.device) if positions is None else positions
+        extra = {} if mask is None else {"attention_mask": mask}
         out = self.decoder(input_ids=None if ids is None else self.ids(ids).reshape(1, -1),
                            inputs_embeds=None if embeds is None else embeds.reshape(1, n, -1),
-                           **cache_arg(self.decoder, cache), position_ids=pos, use_cache=True)
+                           **cache_arg(self.decoder, cache), position_ids=pos[None], use_cache=True, **extra)
         return out.last_hidden_state[0]
+
+    def _layer_kv(self, cache: DynamicCache, start: int, embeds: torch.Tensor, layer: int) -> tuple:
+        """The K/V layer `layer` computes for rows `embeds` (n, d) at positions start.. after `cache`, running only
+        the layers up to it: ((H, n, D), (H, n, D)). `cache` is left holding them on those layers only."""
+        def stop(*_):
+            raise _Stop
+        hook = self.decoder.layers[layer].register_forward_hook(stop)
+        try:
+            self._forward(cache, start, embeds=embeds)
+        except _Stop:
+            pass
+        finally:
+            hook.remove()
+        return cache.layers[layer].keys[0, :, start:], cache.layers[layer].values[0, :, start:]
+
+    def _blend(self, placed: KVState, first: int, recompute: float) -> DynamicCache:
+        """A cache of `placed` (compact, every row on sliding layers) in which this agent recomputes the share
+        `recompute` of rows first.. (an attached message) that its own context changes most (blend.py)."""
+        n, m = len(placed), len(placed) - first
+        k = recompute_count(recompute, m)
+        embeds = self.rows(placed.select(torch.arange(first, n, device=self.device))).embeds  # (M, d)
+        if k < m:  # score every attached row by its layer-1 K/V re-read here
+            layer = min(1, self.geometry.num_layers - 1)
+            head = placed.select(torch.arange(first, device=self.device)).to_cache(full_history=True)
+            fresh = self._layer_kv(head, first, embeds, layer)
+            stale = (placed.layers[layer].keys[:, first:], placed.layers[layer].values[:, first:])
+            pick = deviation(fresh, stale).topk(k).indices.sort().values  # (k,) message rows
+        else:
+            pick = torch.arange(m, device=self.device)
+        cache = placed.to_cache(full_history=True)
+        if k:
+            at = pick + first  # (k,) positions
+            self._forward(cache, 0, embeds=embeds[pick], positions=at,
+                          mask=blend_mask(at, n, self.geometry, self.dtype))
+            reassemble(cache, at, n)
+        return cache
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The model's next-token logits from final hidden states, as its own head computes them: Granite's and
@@ -278,12 +322,17 @@ class Agent:
         return state.select(torch.arange(len(pre), len(state), device=self.device)).compact()
 
     @torch.inference_mode()
-    def answer_attached(self, question: str, message: KVState, max_new_tokens: int = 48) -> Answer:
+    def answer_attached(self, question: str, message: KVState, max_new_tokens: int = 48,
+                        recompute: float = 0.0) -> Answer:
         """Greedy answer to `question` with K/V rows attached in the message slot, where `answer(message=rows)`
         re-prefills rows: this agent prefills its template text before the slot, places `message` right after it
         (keys re-rotated), then prefills only the text after the slot (the question) and decodes. For one sender's
         `encode_rows(rows)` this is `answer(question, message=rows)` to float error; for several senders' states
-        placed one after another, each sender's rows have not seen the others' (they were encoded apart)."""
+        placed one after another, each sender's rows have not seen the others' (they were encoded apart).
+
+        `recompute` > 0: before the question, this agent recomputes that share of the attached rows, those whose
+        K/V its own context changes most (blend.py); 1 recomputes every row, which is the re-prefill exactly."""
+        recompute_count(recompute, len(message))  # a bad fraction is refused before any compute
         t0 = self._clock()
         self.geometry.check_same(message.geometry)
         pre, post = self._slot_split(question)
@@ -292,7 +341,8 @@ class Agent:
         self._forward(cache, 0, ids=ids)
         head = KVState.from_cache(cache, self.geometry, ids)  # (P rows) this agent's own text before the slot
         placed = KVState.concat([head, message.compact().to(self.device, self.dtype)])  # gaps closed, as `answer`
-        return self._generate(t0, placed.to_cache(), len(placed), {"ids": self.ids(post)}, len(message),
+        cache = self._blend(placed, len(head), recompute) if recompute else placed.to_cache()
+        return self._generate(t0, cache, len(placed), {"ids": self.ids(post)}, len(message),
                               len(pre) + len(post), max_new_tokens)
 
     def _after_state(self, state: KVState, ids: list[int], max_new_tokens: int):

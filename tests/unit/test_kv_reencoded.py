@@ -104,11 +104,13 @@ def test_a_sender_whose_re_read_overflows_is_refused_before_it_reads(agent_for, 
     CacheBack(ratio=1, latent_steps=1, max_new_tokens=2).check_window([sender], [DOC], receiver, Q)  # rows: fits
 
 
-def test_a_transport_runs_it_as_the_protocol_does(agent_for):
-    """run_protocol (zero-copy and over the wire): the same answer, bytes and rows as `CacheBack.run`."""
+@pytest.mark.parametrize("extra", [{"encoding": "kv_reencoded"}, {"encoding": "kv_blend", "recompute": 0.5}])
+def test_a_transport_runs_it_as_the_protocol_does(agent_for, extra):
+    """run_protocol (zero-copy and over the wire): the same answer, bytes and rows as `CacheBack.run`; also for the
+    read's K/V partly recomputed by the receiver (test_kv_blend.py)."""
     from latentwire.transport import AgentSpec, InProcessTransport, run_protocol
 
-    cb = CacheBack(ratio=2, latent_steps=1, encoding="kv_reencoded", max_new_tokens=3)
+    cb = CacheBack(ratio=2, latent_steps=1, max_new_tokens=3, **extra)
     agent = agent_for("gemma3")
     ref = cb.run([agent, agent], [DOC, OTHER], agent, Q)
     for wire in (False, True):
@@ -147,7 +149,7 @@ def test_the_delivery_benchmark_gives_each_variant_the_same_selection(agent_for,
              for d in (DOC, OTHER)]
     got = kd.answers(agent, Q, parts, 3, [x.positions for x in sent], units)
     assert tuple(got) == kd.VARIANTS
-    for variant in ("rows", "kv", "kv_reencoded"):
+    for variant in ("rows", "kv", "kv_reencoded", "kv_blend"):
         assert got[variant] == CacheBack(encoding=variant, **kw).run([agent, agent], [DOC, OTHER], agent, Q).answer
     # touching sentences stay apart; rows outside every unit (first, latent) group by run
     assert kd.blocks([0, 5, 6, 7, 12, 40, 41], [[5, 6], [7, 8], [12]]) == [[0], [1, 2], [3], [4], [5, 6]]

@@ -14,7 +14,7 @@ ROOT = Path(latentwire.__file__).resolve().parent
 LAYERS = [
     {"errors", "registry", "placement", "rope", "message"},  # leaves: errors, names, devices, RoPE, message types
     {"models"},
-    {"state"},
+    {"state", "blend"},  # blend: selective recompute of attached K/V (masks, deviation), used by the agent
     {"agent", "replies", "attention"},
     {"select", "merge", "translate", "wire"},
     {"protocols"},

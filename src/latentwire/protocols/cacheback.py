@@ -15,6 +15,7 @@ from typing import Sequence
 import torch
 
 from ..agent import KV_PROMPT, LATENT_MODES, MESSAGE_PROMPT, Agent
+from ..blend import recompute_count
 from ..errors import ConfigError, ContextOverflowError, UnknownNameError
 from ..message import Rows
 from ..select import (SELECTORS, SPAN, TextSelector, always_kept, check_sentence_options, context_rows,
@@ -32,9 +33,15 @@ from .variants import SCORING_PRESETS, variant_fields  # noqa: F401  (re-exporte
 # keeps what the sender's context wrote into it, e.g. a pronoun's antecedent); "kv_reencoded": the K/V the selected
 # rows get when the sender re-reads them alone in the receiver's message slot (`Agent.encode_rows`), attached there
 # (`Agent.answer_attached`): what "rows" computes at the receiver, moved to the sender (and without the other
-# senders' rows in view). docs/methods.md#kv-delivery: why attached read K/V lose accuracy.
-ENCODINGS = ("rows", "token_ids", "kv", "kv_reencoded")
-KV_ENCODINGS = ("kv", "kv_reencoded")  # messages that are K/V states: attached by the receiver, not re-prefilled
+# senders' rows in view); "kv_blend": the read's K/V as "kv", attached in the message slot, where the receiver
+# recomputes the share `recompute` of rows its own context changes most (CacheBlend's selective recompute, blend.py;
+# "kv_reencoded" takes `recompute` too: what its senders' rows miss is each other).
+# docs/methods.md#kv-delivery: why attached read K/V lose accuracy.
+ENCODINGS = ("rows", "token_ids", "kv", "kv_reencoded", "kv_blend")
+KV_ENCODINGS = ("kv", "kv_reencoded", "kv_blend")  # K/V states: attached by the receiver, not re-prefilled
+READ_KV = ("kv", "kv_blend")  # the read's own K/V: the read keeps every row on sliding layers
+SLOT_KV = ("kv_reencoded", "kv_blend")  # K/V attached in the receiver's message slot (`Agent.answer_attached`)
+RECOMPUTE = 0.15  # kv_blend's default share, CacheBlend's operating point (not tuned on our tasks)
 QUERY_FORMATS = ("turn", "raw")
 SPAN_MODES = ("fixed", "sentence")
 # Background calibration (calibration.py): the question's scores ÷ those of a content-free query.
@@ -76,6 +83,8 @@ class CacheBack(Protocol):
     selector: str = "cacheback"
     selector_params: dict = field(default_factory=dict)
     encoding: str = "rows"  # ENCODINGS (described above them)
+    # "kv_blend" (default RECOMPUTE) and "kv_reencoded" (default 0): the share of attached rows the receiver recomputes
+    recompute: float | None = None
     span: int = SPAN
     # "sentence" (default): spans end at the document's sentence and line boundaries (at most 2·span rows),
     # so a fact is not split across two spans; "fixed": spans of `span` document rows (the paper). Measured
@@ -137,6 +146,10 @@ class CacheBack(Protocol):
             raise UnknownNameError("latent mode", self.latent_mode, LATENT_MODES)
         if self.encoding not in ENCODINGS:
             raise UnknownNameError("encoding", self.encoding, ENCODINGS)
+        if self.recompute is not None and self.encoding not in SLOT_KV:
+            raise ConfigError(f"recompute is the receiver's share of attached rows to recompute, under encodings "
+                              f"{', '.join(map(repr, SLOT_KV))}; encoding {self.encoding!r} has none")
+        recompute_count(self.recompute_share, 1)
         if self.query_format not in QUERY_FORMATS:
             raise UnknownNameError("query format", self.query_format, QUERY_FORMATS)
         if self.selector not in SELECTORS:
@@ -216,7 +229,7 @@ class CacheBack(Protocol):
     def sender_read(self, sender: Agent, document: str, question: str | None = None) -> Read:
         """`read` with its measured seconds; inside `shared_reads()` one read serves every protocol."""
         return read(sender, self.sender_prompt(document, question), self.latent_steps, self.latent_mode,
-                    full_history=self.encoding == "kv")  # K/V of any selected row, sliding layers included
+                    full_history=self.encoding in READ_KV)  # K/V of any selected row, sliding layers included
 
     def query_text(self, sender: Agent, question: str) -> str:
         return sender.continuation_text(KV_PROMPT.format(question=question)) if self.query_format == "turn" \
@@ -380,18 +393,27 @@ class CacheBack(Protocol):
         it attaches in its message slot)."""
         return KVState.concat(parts) if self.encoding in KV_ENCODINGS else Rows.cat(parts)
 
+    @property
+    def recompute_share(self) -> float:
+        """The share of attached rows the receiver recomputes: `recompute`, by default RECOMPUTE for "kv_blend" and 0
+        for the others."""
+        if self.recompute is not None:
+            return self.recompute
+        return RECOMPUTE if self.encoding == "kv_blend" else 0.0
+
     def reply(self, receiver: Agent, question: str, message: Rows | KVState):
         """The receiver's answer over `receive`'s message: re-prefilled rows, the read's K/V as its prefix, or
-        re-encoded K/V attached in its message slot."""
-        if self.encoding == "kv_reencoded":
-            return receiver.answer_attached(question, message, max_new_tokens=self.max_new_tokens)
+        K/V attached in its message slot (re-encoded by the senders, or the read's with a share recomputed here)."""
+        if self.encoding in SLOT_KV:
+            return receiver.answer_attached(question, message, max_new_tokens=self.max_new_tokens,
+                                            recompute=self.recompute_share)
         return receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
 
     def pack(self, sender: Agent, state: KVState, rows: torch.Tensor, per_row: list, document: str, index: int):
         """What sender `index` sends for its selected `rows` (timed as its selection): the rows themselves, or for
-        "kv" their K/V with keys re-rotated to positions 0..B−1, for "kv_reencoded" the K/V the sender computes
+        "kv" and "kv_blend" their K/V with keys re-rotated to positions 0..B−1, for "kv_reencoded" the K/V the sender computes
         re-reading them alone in the message slot (`Agent.encode_rows`, positions 0..B−1)."""
-        if self.encoding == "kv":
+        if self.encoding in READ_KV:
             return state.select(rows).compact()
         if self.encoding == "kv_reencoded":
             return sender.encode_rows(sender.rows(state.select(rows)))
