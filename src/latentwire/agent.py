@@ -9,6 +9,7 @@ Every call appends a `CallRecord` (wall time, rows in, tokens out, context) to `
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from functools import cached_property
 from typing import Sequence, Union
@@ -16,7 +17,7 @@ from typing import Sequence, Union
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from .errors import ContextOverflowError, StateFormatError, UnknownNameError
+from .errors import ConfigError, ContextOverflowError, StateFormatError, UnknownNameError
 from .replies import Answer, CallRecord, Stream  # noqa: F401  (re-exported: part of the agent's API)
 from .message import Rows
 from .models import cache_arg, load, tokenizer_fingerprint
@@ -146,8 +147,11 @@ class Agent:
     def _layer_kv(self, cache: DynamicCache, start: int, embeds: torch.Tensor, layer: int) -> tuple:
         """The K/V layer `layer` computes for rows `embeds` (n, d) at positions start.. after `cache`, running only
         the layers up to it: ((H, n, D), (H, n, D)). `cache` is left holding them on those layers only."""
-        def stop(*_):
-            raise _Stop
+        owner = threading.get_ident()
+
+        def stop(*_):  # only this call's forward: another thread may run the same model meanwhile
+            if threading.get_ident() == owner:
+                raise _Stop
         hook = self.decoder.layers[layer].register_forward_hook(stop)
         try:
             self._forward(cache, start, embeds=embeds)
@@ -156,6 +160,16 @@ class Agent:
         finally:
             hook.remove()
         return cache.layers[layer].keys[0, :, start:], cache.layers[layer].values[0, :, start:]
+
+    def _check_blend(self, message: KVState) -> None:
+        """What recomputing attached rows needs: every row's K/V on every layer (a full-history state on sliding
+        layers) and an attention implementation that takes a prepared mask."""
+        if any(layer.positions.numel() != len(message) for layer in message.layers):
+            raise StateFormatError("recompute needs every row's K/V on sliding layers too (a full-history state, as "
+                                   "CacheBack's kv reads and `encode_rows` give); this one holds only the last window")
+        if (impl := self.model.config._attn_implementation) not in ("eager", "sdpa"):
+            raise ConfigError(f"recompute passes a prepared attention mask: it needs attention 'eager' or 'sdpa', "
+                              f"not {impl!r}")
 
     def _blend(self, placed: KVState, first: int, recompute: float) -> DynamicCache:
         """A cache of `placed` (compact, every row on sliding layers) in which this agent recomputes the share
@@ -332,7 +346,8 @@ class Agent:
 
         `recompute` > 0: before the question, this agent recomputes that share of the attached rows, those whose
         K/V its own context changes most (blend.py); 1 recomputes every row, which is the re-prefill exactly."""
-        recompute_count(recompute, len(message))  # a bad fraction is refused before any compute
+        if recompute_count(recompute, len(message)):  # bad input is refused before any compute
+            self._check_blend(message)
         t0 = self._clock()
         self.geometry.check_same(message.geometry)
         pre, post = self._slot_split(question)

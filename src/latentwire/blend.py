@@ -25,10 +25,11 @@ from .state import Geometry
 
 
 def recompute_count(fraction: float, rows: int) -> int:
-    """How many of `rows` attached rows a fraction recomputes: ceil(fraction · rows), at least one for fraction > 0."""
-    if not 0 <= fraction <= 1:
+    """How many of `rows` attached rows a fraction recomputes: ceil(fraction · rows) (0.07 · 100 is 7, not the 8 that
+    its float product would round up to)."""
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 <= fraction <= 1:
         raise ConfigError(f"recompute must be a fraction in [0, 1], got {fraction!r}")
-    return min(rows, math.ceil(fraction * rows))
+    return min(rows, math.ceil(fraction * rows - 1e-9))
 
 
 def deviation(fresh: tuple[torch.Tensor, torch.Tensor], stale: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
@@ -45,8 +46,9 @@ def blend_mask(pick: torch.Tensor, n: int, geometry: Geometry, dtype: torch.dtyp
     """Additive attention mask for the recompute forward: queries are the rows at positions `pick` (sorted, (S,)),
     keys are the n cached rows (positions 0..n−1) and then the S fresh rows. A query sees a cached row at or before
     its position unless that row is being recomputed, and the fresh rows at or before it; on sliding layers only the
-    last `window` positions (query included). (1, 1, S, n + S); a dict by layer type where the model has sliding
-    layers (how transformers' Gemma 3 and Qwen 2 take per-type masks)."""
+    last `window` positions (query included). (1, 1, S, n + S); a dict by layer type where the model mixes sliding
+    and global layers (how transformers' Gemma 3 and Qwen 2 take per-type masks), the sliding mask alone where every
+    layer slides (Mistral, Phi-3: their models take one mask)."""
     device = pick.device
     key_pos = torch.cat([torch.arange(n, device=device), pick])  # (n + S,)
     recomputed = torch.zeros(n + pick.numel(), dtype=torch.bool, device=device)
@@ -58,9 +60,12 @@ def blend_mask(pick: torch.Tensor, n: int, geometry: Geometry, dtype: torch.dtyp
         zero = torch.zeros((), dtype=dtype, device=device)
         return torch.where(allowed, zero, torch.full((), neg, dtype=dtype, device=device))[None, None]
 
-    if "sliding" not in geometry.layer_types:
+    kinds = set(geometry.layer_types)
+    if "sliding" not in kinds:
         return additive(ok)
     near = pick[:, None] - key_pos[None] < geometry.sliding_window
+    if kinds == {"sliding"}:
+        return additive(ok & near)
     return {"full_attention": additive(ok), "sliding_attention": additive(ok & near)}
 
 

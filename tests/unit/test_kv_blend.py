@@ -8,9 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dataclasses import replace
+
+from latentwire.agent import MESSAGE_PROMPT
 from latentwire.bench.runner import parse_protocols
 from latentwire.blend import blend_mask, deviation, recompute_count
-from latentwire.errors import ConfigError
+from latentwire.errors import ConfigError, StateFormatError
 from latentwire.protocols import get_protocol
 from latentwire.protocols.cacheback import RECOMPUTE, CacheBack
 from latentwire.state import KVState, LayerKV
@@ -59,8 +62,8 @@ def test_recomputing_rows_that_are_already_exact_changes_nothing(agent_for, arch
 def test_the_rows_with_corrupted_k_v_are_the_ones_recomputed(agent_for, arch, spy_decode):
     agent = agent_for(arch)
     exact = agent.encode_rows(agent.rows(selected(CacheBack(ratio=2, latent_steps=1), agent, DOC)))
-    bad = torch.tensor([1, 4, len(exact) - 3, len(exact) - 1])  # late rows too: Gemma's sliding layers hold those
-    noise = torch.randn(exact.layers[1].keys[:, bad].shape, generator=torch.Generator().manual_seed(0))
+    bad = torch.tensor([1, 4, len(exact) - 3, len(exact) - 1], device=exact.device)  # late rows: Gemma's sliding
+    noise = torch.randn(exact.layers[1].keys[:, bad].shape, generator=torch.Generator().manual_seed(0)).to(exact.device)
     layers = list(exact.layers)
     layers[1] = LayerKV(layers[1].keys.index_add(1, bad, noise), layers[1].values, layers[1].positions)
     hurt = KVState(exact.geometry, tuple(layers), exact.positions, exact.token_ids, exact.latents)
@@ -71,8 +74,8 @@ def test_the_rows_with_corrupted_k_v_are_the_ones_recomputed(agent_for, arch, sp
     agent.answer_attached(Q, exact, max_new_tokens=2)
     agent.answer_attached(Q, hurt, max_new_tokens=2)
     agent.answer_attached(Q, hurt, max_new_tokens=2, recompute=len(bad) / len(exact))
-    head = int(picked[0][0]) - int(bad[0])
-    assert torch.equal(picked[0] - head, bad)
+    head = len(agent.slot_ids(agent.chat_text(MESSAGE_PROMPT.format(question=Q)))[0])  # the rows before the slot
+    assert torch.equal(picked[0], bad + head)
     assert close(seen, 0, 2) and not close(seen, 0, 1)
 
 
@@ -97,12 +100,15 @@ def test_blend_mask_hides_stale_copies_and_respects_the_window(agent_for):
     assert full[1, 3].item() is False and full[1, 12].item() is False and full[1, 13].item() is False
     assert full[1, :12].sum() == 11 and full[1, 14:].tolist() == [True, True]
     assert near[1].nonzero().flatten().tolist() == [5, 6, 7, 8, 9, 10, 11, 15]  # 12 − 7 .. 12 (fresh 3: too far)
+    every = blend_mask(pick, 14, replace(geometry, layer_types=("sliding",) * geometry.num_layers), torch.float32)
+    assert torch.equal(every, masks["sliding_attention"])  # one mask: Mistral-like models take no dict
     llama = blend_mask(pick, 14, agent_for("llama").geometry, torch.bfloat16)
     assert isinstance(llama, torch.Tensor) and llama.dtype == torch.bfloat16 and llama.shape == (1, 1, 2, 16)
 
 
 def test_recompute_is_validated_named_and_only_where_it_applies():
     assert recompute_count(0.15, 100) == 15 and recompute_count(0.01, 5) == 1 and recompute_count(0.0, 5) == 0
+    assert recompute_count(0.07, 100) == 7  # not the float product's ceiling, 8
     with pytest.raises(ConfigError, match="recompute"):
         recompute_count(1.5, 5)
     with pytest.raises(ConfigError, match="recompute"):
@@ -125,3 +131,8 @@ def test_a_bad_share_is_refused_before_any_compute(agent_for, monkeypatch):
     monkeypatch.setattr(agent, "_forward", lambda *a, **k: pytest.fail("a forward ran before the check"))
     with pytest.raises(ConfigError):
         agent.answer_attached(Q, part, recompute=2.0)
+    gemma = agent_for("gemma3")
+    windowed = gemma.prefill(DOC)  # sliding layers hold only the last window: nothing to recompute the rest from
+    monkeypatch.setattr(gemma, "_forward", lambda *a, **k: pytest.fail("a forward ran before the check"))
+    with pytest.raises(StateFormatError, match="sliding"):
+        gemma.answer_attached(Q, windowed, recompute=0.5)

@@ -64,7 +64,7 @@ def cacheback_send(node, spec, document: str, question: str, index: int = 0):
         packed, kept = node.pack(m, protocol=p.name), m.spans
         sent.timing.update(spans=len(m.spans), text_chars=len(m.text),  # as CacheBackX.run records them
                            latent_rows=0 if m.latents is None else len(m.latents))
-    elif isinstance(m, KVState):  # K/V: cacheback "kv" / "kv_reencoded", or cacheback_x "translated"
+    elif isinstance(m, KVState):  # K/V: cacheback's K/V encodings, or cacheback_x "translated"
         packed, kept = node.pack(m, protocol=p.name), sent.kept
         if getattr(p, "delivery", None) == "translated":  # as CacheBackX.run records it (CacheBack.run does not)
             sent.timing.update(translated_rows=len(m))
@@ -82,7 +82,7 @@ def fanin_answer(node, spec, question: str, *packed):
     """A fan-in receiver (cacheback, cacheback_x, fullkv): the senders' messages in sender order, then the answer.
 
     Rows (cacheback) are concatenated and Spans (cacheback_x) tokenised by this agent (`CacheBack.receive`),
-    then re-prefilled in the receiver's template slot; KV states (fullkv, cacheback "kv" / "kv_reencoded",
+    then re-prefilled in the receiver's template slot; KV states (fullkv, cacheback's K/V encodings,
     cacheback_x "translated") are concatenated along the sequence axis and answered over as the protocol's own
     `run` does (`CacheBack.reply`). `unpack_s` times decoding plus joining.
     """
@@ -299,7 +299,7 @@ def _run_fanin(t: Transport, spec, kind, send, answer, senders, documents, recei
             details |= {"delivery": spec[1]["delivery"], "text_rows": got["text_rows"],
                         "latent_rows": got["latent_rows"], "text_bytes": got["text_bytes"],
                         "latent_bytes": nbytes - got["text_bytes"]}
-        elif "kv_bytes" in got:  # cacheback "kv" / "kv_reencoded", or cacheback_x "translated" (receiver's geometry)
+        elif "kv_bytes" in got:  # cacheback's K/V encodings, or cacheback_x "translated" (receiver's geometry)
             nbytes = got["kv_bytes"]
             details |= {"kv_bytes": nbytes}
             if "translated_rows" in got:
