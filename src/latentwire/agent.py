@@ -161,10 +161,10 @@ class Agent:
             hook.remove()
         return cache.layers[layer].keys[0, :, start:], cache.layers[layer].values[0, :, start:]
 
-    def _check_blend(self, message: KVState) -> None:
-        """What recomputing attached rows needs: every row's K/V on every layer (a full-history state on sliding
-        layers) and an attention implementation that takes a prepared mask."""
-        if any(layer.positions.numel() != len(message) for layer in message.layers):
+    def check_blend(self, message: KVState | None = None) -> None:
+        """What recomputing attached rows needs: an attention implementation that takes a prepared mask and, for a
+        `message`, every row's K/V on every layer (a full-history state on sliding layers)."""
+        if message is not None and any(layer.positions.numel() != len(message) for layer in message.layers):
             raise StateFormatError("recompute needs every row's K/V on sliding layers too (a full-history state, as "
                                    "CacheBack's kv reads and `encode_rows` give); this one holds only the last window")
         if (impl := self.model.config._attn_implementation) not in ("eager", "sdpa"):
@@ -347,7 +347,7 @@ class Agent:
         `recompute` > 0: before the question, this agent recomputes that share of the attached rows, those whose
         K/V its own context changes most (blend.py); 1 recomputes every row, which is the re-prefill exactly."""
         if recompute_count(recompute, len(message)):  # bad input is refused before any compute
-            self._check_blend(message)
+            self.check_blend(message)
         t0 = self._clock()
         self.geometry.check_same(message.geometry)
         pre, post = self._slot_split(question)

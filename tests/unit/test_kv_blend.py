@@ -136,3 +136,8 @@ def test_a_bad_share_is_refused_before_any_compute(agent_for, monkeypatch):
     monkeypatch.setattr(gemma, "_forward", lambda *a, **k: pytest.fail("a forward ran before the check"))
     with pytest.raises(StateFormatError, match="sliding"):
         gemma.answer_attached(Q, windowed, recompute=0.5)
+    flash = agent_for("llama")
+    monkeypatch.setattr(flash.model.config, "_attn_implementation", "flash_attention_2")
+    monkeypatch.setattr(flash, "_forward", lambda *a, **k: pytest.fail("a sender read before the check"))
+    with pytest.raises(ConfigError, match="sdpa"):
+        CacheBack(ratio=2, latent_steps=1, encoding="kv_blend").run([agent], [DOC], flash, Q)

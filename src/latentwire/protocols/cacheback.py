@@ -355,6 +355,8 @@ class CacheBack(Protocol):
                                        "sent_rows": min(B, prompt - 1) + 1 + self.latent_steps})
             budget += min(B, prompt - 1)
             first, latent = first + 1, latent + self.latent_steps
+        if self.recompute_share:  # the receiver's attention must take the recompute's prepared mask
+            receiver.check_blend()
         if self.encoding == "kv":  # the prompt continues after the attached rows
             prompt = len(receiver.kv_prompt_ids(question))  # kv_reencoded: attached inside the slot, as rows
         else:
