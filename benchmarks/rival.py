@@ -91,6 +91,10 @@ FAMILY = [(CB8, BM25), (CB8, DENSE), (CB8, TEXT8), (CB8, TEXT), (CB8, FULLCTX), 
           (CBP8, CB8), (CBP8, BM25), (CBDP8, BM25), (CBDP8, BM25L), (CBDP8, DENSE),
           (CBDP8, CBD8), (CBXP8, BM25), (CBXP8, DENSE),
           (CBXDD8, DENSE), (CBXDD8, BM25), (CBXBD8, BM25)]  # pre-specified: the cell's Holm family
+# Comparisons the write-up quotes that were chosen after seeing results: listed per cell, unadjusted (Holm "—"), never
+# bold, and outside the family so they cannot weaken its verdicts.
+POST_HOC = [(CBXBD8, BM25L), (CBXBD8, DENSE), (CBXBD8, CBXP8), (CBXBD8, FULLCTX), (CBXBD8, CBXDD8), (CBXP8, CBP8), (DENSE, CB8),
+            (CBXDD8, CBXP8)]
 CONTENDERS = {"CacheBack 8×": CB8, "CacheBack 8× calibrated": CBG8, "CacheBack 8× contrastive": CBD8,
               "CacheBack 8× contrastive + lead": CBDL8, "BM25 text + lead": BM25L,
               "CacheBack 8× contrastive ⊕ dense": CBDF8,
@@ -297,6 +301,10 @@ def write_index(out: Path, cells: list[str], n: int, seed: int) -> None:
         details += ["", f"## {cell}", "", f"{len(done)} of {len(eps)} episodes run end to end; full report: "
                     f"[{cell}/report.md]({cell}/report.md).", "", VERDICT_HEADER[0], VERDICT_HEADER[1]]
         details += [verdict(c) for c in comps] + [""] + recall_table(folder, eps)
+        ran = set(config["config"]["protocols"])
+        if extra := [c for a, b in POST_HOC if a in ran and b in ran and (c := compare(records, a, b))]:
+            details += ["", "Post hoc, outside the family (chosen after results; exact p unadjusted):", "",
+                        VERDICT_HEADER[0], VERDICT_HEADER[1]] + [verdict(c) for c in extra]
         details += ["", "Commands: `" + "`, then `".join(commands(folder)) + "`"]
     head = "| {} | " + " | ".join(summaries) + " |"
     rule = "|---|" + "---|" * len(summaries)
