@@ -9,7 +9,6 @@ Every call appends a `CallRecord` (wall time, rows in, tokens out, context) to `
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from functools import cached_property
 from typing import Sequence, Union
@@ -17,11 +16,11 @@ from typing import Sequence, Union
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from .errors import ConfigError, ContextOverflowError, StateFormatError, UnknownNameError
+from .errors import ContextOverflowError, StateFormatError, UnknownNameError
 from .replies import Answer, CallRecord, Stream  # noqa: F401  (re-exported: part of the agent's API)
 from .message import Rows
 from .models import cache_arg, load, tokenizer_fingerprint
-from .blend import blend_mask, deviation, reassemble, recompute_count
+from .blend import blended_cache, check_blend, recompute_count
 from .rope import decoder_of
 from .state import Geometry, KVState
 
@@ -33,10 +32,6 @@ LATENT_MODES = ("rescale", "realign")
 SLOT = "\u2063MESSAGE\u2063"  # placeholder for a message inside the receiver's prompt
 MESSAGE_PROMPT = "Notes from other agents:\n" + SLOT + "\n\nQuestion: {question}\nAnswer briefly."
 KV_PROMPT = "Using the information above, answer briefly: {question}"
-
-
-class _Stop(Exception):
-    """Raised by a forward hook to end a forward after the layers it needs (`Agent._layer_kv`)."""
 
 
 class Agent:
@@ -144,54 +139,6 @@ class Agent:
                            **cache_arg(self.decoder, cache), position_ids=pos[None], use_cache=True, **extra)
         return out.last_hidden_state[0]
 
-    def _layer_kv(self, cache: DynamicCache, start: int, embeds: torch.Tensor, layer: int) -> tuple:
-        """The K/V layer `layer` computes for rows `embeds` (n, d) at positions start.. after `cache`, running only
-        the layers up to it: ((H, n, D), (H, n, D)). `cache` is left holding them on those layers only."""
-        owner = threading.get_ident()
-
-        def stop(*_):  # only this call's forward: another thread may run the same model meanwhile
-            if threading.get_ident() == owner:
-                raise _Stop
-        hook = self.decoder.layers[layer].register_forward_hook(stop)
-        try:
-            self._forward(cache, start, embeds=embeds)
-        except _Stop:
-            pass
-        finally:
-            hook.remove()
-        return cache.layers[layer].keys[0, :, start:], cache.layers[layer].values[0, :, start:]
-
-    def check_blend(self, message: KVState | None = None) -> None:
-        """What recomputing attached rows needs: an attention implementation that takes a prepared mask and, for a
-        `message`, every row's K/V on every layer (a full-history state on sliding layers)."""
-        if message is not None and any(layer.positions.numel() != len(message) for layer in message.layers):
-            raise StateFormatError("recompute needs every row's K/V on sliding layers too (a full-history state, as "
-                                   "CacheBack's kv reads and `encode_rows` give); this one holds only the last window")
-        if (impl := self.model.config._attn_implementation) not in ("eager", "sdpa"):
-            raise ConfigError(f"recompute passes a prepared attention mask: it needs attention 'eager' or 'sdpa', "
-                              f"not {impl!r}")
-
-    def _blend(self, placed: KVState, first: int, recompute: float) -> DynamicCache:
-        """A cache of `placed` (compact, every row on sliding layers) in which this agent recomputes the share
-        `recompute` of rows first.. (an attached message) that its own context changes most (blend.py)."""
-        n, m = len(placed), len(placed) - first
-        k = recompute_count(recompute, m)
-        embeds = self.rows(placed.select(torch.arange(first, n, device=self.device))).embeds  # (M, d)
-        if k < m:  # score every attached row by its layer-1 K/V re-read here
-            layer = min(1, self.geometry.num_layers - 1)
-            head = placed.select(torch.arange(first, device=self.device)).to_cache(full_history=True)
-            fresh = self._layer_kv(head, first, embeds, layer)
-            stale = (placed.layers[layer].keys[:, first:], placed.layers[layer].values[:, first:])
-            pick = deviation(fresh, stale).topk(k).indices.sort().values  # (k,) message rows
-        else:
-            pick = torch.arange(m, device=self.device)
-        cache = placed.to_cache(full_history=True)
-        if k:
-            at = pick + first  # (k,) positions
-            self._forward(cache, 0, embeds=embeds[pick], positions=at,
-                          mask=blend_mask(at, n, self.geometry, self.dtype))
-            reassemble(cache, at, n)
-        return cache
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """The model's next-token logits from final hidden states, as its own head computes them: Granite's and
@@ -347,7 +294,7 @@ class Agent:
         `recompute` > 0: before the question, this agent recomputes that share of the attached rows, those whose
         K/V its own context changes most (blend.py); 1 recomputes every row, which is the re-prefill exactly."""
         if recompute_count(recompute, len(message)):  # bad input is refused before any compute
-            self.check_blend(message)
+            check_blend(self, message)
         t0 = self._clock()
         self.geometry.check_same(message.geometry)
         pre, post = self._slot_split(question)
@@ -356,7 +303,7 @@ class Agent:
         self._forward(cache, 0, ids=ids)
         head = KVState.from_cache(cache, self.geometry, ids)  # (P rows) this agent's own text before the slot
         placed = KVState.concat([head, message.compact().to(self.device, self.dtype)])  # gaps closed, as `answer`
-        cache = self._blend(placed, len(head), recompute) if recompute else placed.to_cache()
+        cache = blended_cache(self, placed, len(head), recompute) if recompute else placed.to_cache()
         return self._generate(t0, cache, len(placed), {"ids": self.ids(post)}, len(message),
                               len(pre) + len(post), max_new_tokens)
 

@@ -12,16 +12,26 @@ the receiver recomputes only the rows whose K/V its own context changes most:
    or before its position except the stale copies of the chosen rows (their fresh copies replace them).
 3. `reassemble`: the fresh rows take their stale copies' places, so the cache is in position order again.
 
-Recomputing every row is exactly the re-prefill; recomputing none is the plain attachment.
+Recomputing every row is exactly the re-prefill; recomputing none is the plain attachment. `Agent.answer_attached`
+calls `check_blend` and `blended_cache`.
 """
 from __future__ import annotations
 
 import math
+import threading
+from typing import TYPE_CHECKING
 
 import torch
 
-from .errors import ConfigError
-from .state import Geometry
+from .errors import ConfigError, StateFormatError
+from .state import Geometry, KVState
+
+if TYPE_CHECKING:
+    from .agent import Agent
+
+
+class _Stop(Exception):
+    """Raised by a forward hook to end a forward after the layers it needs (`layer_kv`)."""
 
 
 def recompute_count(fraction: float, rows: int) -> int:
@@ -76,3 +86,55 @@ def reassemble(cache, pick: torch.Tensor, n: int) -> None:
     order[pick] = n + torch.arange(pick.numel(), device=pick.device)
     for layer in cache.layers:  # (1, H, n + S, D) -> (1, H, n, D)
         layer.keys, layer.values = layer.keys[:, :, order], layer.values[:, :, order]
+
+
+def layer_kv(agent: Agent, cache, start: int, embeds: torch.Tensor, layer: int) -> tuple:
+    """The K/V layer `layer` computes for rows `embeds` (n, d) at positions start.. after `cache`, running only
+    the layers up to it: ((H, n, D), (H, n, D)). `cache` is left holding them on those layers only."""
+    owner = threading.get_ident()
+
+    def stop(*_):  # only this call's forward: another thread may run the same model meanwhile
+        if threading.get_ident() == owner:
+            raise _Stop
+    hook = agent.decoder.layers[layer].register_forward_hook(stop)
+    try:
+        agent._forward(cache, start, embeds=embeds)
+    except _Stop:
+        pass
+    finally:
+        hook.remove()
+    return cache.layers[layer].keys[0, :, start:], cache.layers[layer].values[0, :, start:]
+
+
+def check_blend(agent: Agent, message: KVState | None = None) -> None:
+    """What recomputing attached rows needs: an attention implementation that takes a prepared mask and, for a
+    `message`, every row's K/V on every layer (a full-history state on sliding layers)."""
+    if message is not None and any(layer.positions.numel() != len(message) for layer in message.layers):
+        raise StateFormatError("recompute needs every row's K/V on sliding layers too (a full-history state, as "
+                               "CacheBack's kv reads and `encode_rows` give); this one holds only the last window")
+    if (impl := agent.model.config._attn_implementation) not in ("eager", "sdpa"):
+        raise ConfigError(f"recompute passes a prepared attention mask: it needs attention 'eager' or 'sdpa', "
+                          f"not {impl!r}")
+
+
+def blended_cache(agent: Agent, placed: KVState, first: int, recompute: float):
+    """A cache of `placed` (compact, every row on sliding layers) in which `agent` recomputes the share
+    `recompute` of rows first.. (an attached message) that its own context changes most (the steps above)."""
+    n, m = len(placed), len(placed) - first
+    k = recompute_count(recompute, m)
+    embeds = agent.rows(placed.select(torch.arange(first, n, device=agent.device))).embeds  # (M, d)
+    if k < m:  # score every attached row by its layer-1 K/V re-read here
+        layer = min(1, agent.geometry.num_layers - 1)
+        head = placed.select(torch.arange(first, device=agent.device)).to_cache(full_history=True)
+        fresh = layer_kv(agent, head, first, embeds, layer)
+        stale = (placed.layers[layer].keys[:, first:], placed.layers[layer].values[:, first:])
+        pick = deviation(fresh, stale).topk(k).indices.sort().values  # (k,) message rows
+    else:
+        pick = torch.arange(m, device=agent.device)
+    cache = placed.to_cache(full_history=True)
+    if k:
+        at = pick + first  # (k,) positions
+        agent._forward(cache, 0, embeds=embeds[pick], positions=at,
+                       mask=blend_mask(at, n, agent.geometry, agent.dtype))
+        reassemble(cache, at, n)
+    return cache

@@ -14,8 +14,8 @@ ROOT = Path(latentwire.__file__).resolve().parent
 LAYERS = [
     {"errors", "registry", "placement", "rope", "message"},  # leaves: errors, names, devices, RoPE, message types
     {"models"},
-    {"state", "blend"},  # blend: selective recompute of attached K/V (masks, deviation), used by the agent
-    {"agent", "replies", "attention"},
+    {"state"},
+    {"agent", "replies", "attention", "blend"},
     {"select", "merge", "translate", "wire"},
     {"protocols"},
     {"demo", "transport"},

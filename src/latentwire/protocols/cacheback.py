@@ -15,7 +15,7 @@ from typing import Sequence
 import torch
 
 from ..agent import KV_PROMPT, LATENT_MODES, MESSAGE_PROMPT, Agent
-from ..blend import recompute_count
+from ..blend import check_blend, recompute_count
 from ..errors import ConfigError, ContextOverflowError, UnknownNameError
 from ..message import Rows
 from ..select import (SELECTORS, SPAN, TextSelector, always_kept, check_sentence_options, context_rows,
@@ -356,7 +356,7 @@ class CacheBack(Protocol):
             budget += min(B, prompt - 1)
             first, latent = first + 1, latent + self.latent_steps
         if self.recompute_share:  # the receiver's attention must take the recompute's prepared mask
-            receiver.check_blend()
+            check_blend(receiver)
         if self.encoding == "kv":  # the prompt continues after the attached rows
             prompt = len(receiver.kv_prompt_ids(question))  # kv_reencoded: attached inside the slot, as rows
         else:
