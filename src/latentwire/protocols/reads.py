@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 from ..agent import Agent, Answer
 from ..errors import HeldMemoryError
@@ -87,7 +87,7 @@ class HeldReads:
     def _add(self, key, value) -> None:
         self.memo[key] = value
         self.born[key] = self.used[key] = self.block
-        if not (isinstance(key, tuple) and key and key[0] == "report"):
+        if not (isinstance(key, tuple) and key and key[0] in ("report", "index")):
             self.reads_computed += 1
 
     def check_fits(self, needed: int) -> None:
@@ -181,6 +181,28 @@ def read(sender: Agent, prompt: str, latent_steps: int, latent_mode: str, full_h
     seconds = prefill_s + time.perf_counter() - t0
     put(key, (state, seconds))
     return Read(state, seconds, False)
+
+
+def held_value(key: tuple, compute: Callable[[], Any]) -> tuple[Any, float, bool]:
+    """A query-blind value other than a KV read (a retriever's index of its document, `retrieval(read="held")`),
+    computed once per `shared_reads()` block and, with `HeldReads`, kept across blocks as reads are: (value, seconds
+    charged, held?). Charged its measured seconds, or 0 s when an earlier block (before this question) computed it.
+    `key` starts with "index"; outside `shared_reads()` nothing is kept."""
+    memo = _MEMO.get()
+    if memo is not None and key in memo:
+        value, seconds = memo[key]
+        held = _HELD.get()
+        if held is None:
+            return value, seconds, False
+        charged, was_held = held._charge(key, seconds)
+        return value, charged, was_held
+    t0 = time.perf_counter()
+    value = compute()
+    seconds = time.perf_counter() - t0
+    if memo is not None:
+        held = _HELD.get()
+        (memo.__setitem__ if held is None else held._add)(key, (value, seconds))
+    return value, seconds, False
 
 
 class Report(NamedTuple):

@@ -5,14 +5,21 @@ Each sender cuts its document into the same units CacheBack ranks (sentences and
 the best within CacheBack's budget at `ratio` (ceil(T / ratio) tokens, T = the sender's prompt tokens, as
 `text(ratio=r)` counts them; CacheBack's T also counts its G latent rows, one row more at G = 8, r = 8)
 through the same `select_rows`, and sends the kept text, in document order, one contiguous piece per line.
-Selection runs on the host (`placement.HOST`): it is text work, whatever device the models use. The receiver reads it like a text report. A sender's seconds are what it really
-spends: tokenising its prompt, scoring and selecting (the encoder's one-time load is not charged).
+Selection runs on the host (`placement.HOST`): it is text work, whatever device the models use. The receiver
+reads it like a text report. A sender's seconds are what it really spends: tokenising its prompt, scoring and
+selecting (the encoder's one-time load is not charged).
+
+`read="held"`: the sender holds its document as an agent holds its read. Everything that does not depend on the
+question (tokenising, cutting units, the selector's `index`: a dense encoder's unit embeddings) was done before
+the question and is charged as its read, so its question-time TTEOA counts only scoring the question and
+selecting; inside `shared_reads(HeldReads)` the index is kept across questions, as reads are. The default,
+`read="with_question"`, does all of it after the question (question-time TTEOA = TTEOA).
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import torch
 
@@ -21,10 +28,15 @@ from ..errors import ConfigError, UnknownNameError
 from ..message import merge_spans
 from ..placement import HOST
 from ..select import (SELECTORS, SPAN, TextSelector, check_sentence_options, context_rows, fanin_budget,
-                      get_selector, select_rows, span_units, sentence_groups, unit_row_scores)
+                      get_selector, rows_from_units, select_rows, span_units, sentence_groups, unit_row_scores,
+                      unit_texts)
 from .base import after_first, SENDER_PROMPT, Outcome, Protocol, register
 from .cacheback import SPAN_MODES
 from .documents import kept_document_spans, token_document_spans
+from .reads import held_value
+
+
+READS = ("with_question", "held")  # when the query-blind work is done: after the question, or before it (held)
 
 
 @dataclass(frozen=True)
@@ -35,13 +47,25 @@ class Picked:
     seconds: float
     budget: int
     tokens: int  # document tokens kept
+    read: float = 0.0  # of `seconds`, the query-blind work done before the question (read="held")
+
+
+class Units(NamedTuple):
+    """The query-blind part of one sender's retrieval: its prompt's rows (document span per row), which rows may be
+    sent, the units ranked, their context rows, and (held) the selector's index of the units' text."""
+    per_row: list
+    eligible: torch.Tensor  # (T,) bool
+    groups: list | None
+    units: list
+    ctx: object
+    index: object = None
 
 
 @register
 @dataclass
 class Retrieval(Protocol):
     """Each sender sends, as text, the document units a retriever ranks best for the question, within CacheBack's
-    budget at `ratio`; key parameters: `selector` (lexical, bm25, dense), `ratio`, `span_mode`."""
+    budget at `ratio`; key parameters: `selector` (lexical, bm25, dense), `ratio`, `span_mode`, `read`."""
     name = "retrieval"
     selector: str = "bm25"
     selector_params: dict = field(default_factory=dict)
@@ -51,6 +75,7 @@ class Retrieval(Protocol):
     unit_floor: bool = True  # as CacheBack's: a budget below every sentence sends the best sentence whole
     context: str = "none"  # as CacheBack's: "lead" or "previous" sentence of the paragraph taken along
     fill: str = "cut"  # as CacheBack's: "whole" leaves the budget after whole units unspent instead of cutting one
+    read: str = "with_question"  # or "held": tokenising, units and the selector's index done before the question
 
     def __post_init__(self):
         super().__post_init__()
@@ -66,25 +91,43 @@ class Retrieval(Protocol):
             text = [n for n in SELECTORS.names() if issubclass(SELECTORS[n], TextSelector)]
             raise ConfigError(f"retrieval needs a text selector (one that reads no KV state): {', '.join(text)}; "
                               f"{self.selector!r} scores states: use cacheback(selector={self.selector!r})")
+        if self.read not in READS:
+            raise UnknownNameError("retrieval read", self.read, READS)
         check_sentence_options(self.span_mode, self.context, self.fill)
         self._selector = get_selector(self.selector, **self.selector_params)
 
-    def pick(self, sender: Agent, document: str, question: str) -> Picked:
-        """The text one sender sends for `question`, timed from the question's arrival."""
-        self._selector.prepare()
-        t0 = time.perf_counter()
+    def units(self, sender: Agent, document: str, index: bool = False) -> Units:
+        """The query-blind part of a sender's pick (`Units`); with `index`, the selector's index of the units too."""
         per_row = token_document_spans(sender, sender.chat_text(SENDER_PROMPT.format(document=document)), document)
         eligible = torch.tensor([sp is not None for sp in per_row], dtype=torch.bool, device=HOST)  # (T,) text work
         keep = torch.zeros_like(eligible)  # nothing is always sent: no first or latent rows in text
         groups = sentence_groups(per_row, document, 2 * self.span) if self.span_mode == "sentence" else None
         units = span_units(keep, eligible, self.span, groups)
-        scores = unit_row_scores(self._selector, question, per_row, document, len(per_row), units, HOST)
-        budget = fanin_budget(len(per_row), self.ratio)
         ctx = context_rows(groups, per_row, document, self.context) if groups and self.context != "none" else None
-        rows = select_rows(scores, budget, keep, self.span, eligible, groups, self.unit_floor, ctx, self.fill)
-        kept = kept_document_spans(per_row, rows)
+        held = self._selector.index(unit_texts(per_row, document, units)) if index else None
+        return Units(per_row, eligible, groups, units, ctx, held)
+
+    def pick(self, sender: Agent, document: str, question: str) -> Picked:
+        """The text one sender sends for `question`, timed from the question's arrival (read="held": plus its
+        query-blind work, charged as its read: measured when done now, 0 s when held from an earlier question)."""
+        self._selector.prepare()
+        if self.read == "held":
+            key = ("index", id(sender), sender.model_name, repr(self._selector), self.span_mode, self.span,
+                   self.context, document)
+            u, read_s, _ = held_value(key, lambda: self.units(sender, document, index=True))
+        t0 = time.perf_counter()
+        if self.read == "held":
+            unit_scores = self._selector.score_index(u.index, question) if u.units else torch.zeros(0)  # (U,)
+            scores = rows_from_units(unit_scores, u.units, len(u.per_row), HOST)
+        else:
+            read_s, u = 0.0, self.units(sender, document)
+            scores = unit_row_scores(self._selector, question, u.per_row, document, len(u.per_row), u.units, HOST)
+        budget = fanin_budget(len(u.per_row), self.ratio)
+        keep = torch.zeros_like(u.eligible)
+        rows = select_rows(scores, budget, keep, self.span, u.eligible, u.groups, self.unit_floor, u.ctx, self.fill)
+        kept = kept_document_spans(u.per_row, rows)
         text = "\n".join(document[a:b].strip() for a, b in merge_spans(kept))
-        return Picked(text, kept, time.perf_counter() - t0, budget, len(kept))
+        return Picked(text, kept, time.perf_counter() - t0 + read_s, budget, len(kept), read_s)
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
         picked = [self.pick(sender, doc, question) for sender, doc in self._pair(senders, documents)]
@@ -94,5 +137,5 @@ class Retrieval(Protocol):
                        tuple(p.seconds for p in picked), reply.seconds,
                        {"pieces": [p.text for p in picked], "budgets": [p.budget for p in picked],
                         "kept_tokens": [p.tokens for p in picked]}, kept_spans=tuple(p.kept for p in picked),
-                       read_seconds=tuple(0.0 for _ in picked),  # no read: all of its work follows the question
+                       read_seconds=tuple(p.read for p in picked),  # with_question: 0, all its work follows it
                        after_first=after_first(reply))

@@ -57,6 +57,16 @@ class TextSelector(Selector):
         """Load what scoring needs (an encoder), once per process: a deployed retriever holds it before any
         question, so protocols call this before they start a question's clock. Nothing by default."""
 
+    def index(self, units: list[str]):
+        """The query-blind part of scoring one document's units (a dense encoder's unit embeddings): what a
+        retriever that holds its document has built before any question. By default the units themselves."""
+        return list(units)
+
+    def score_index(self, index, query: str) -> torch.Tensor:
+        """(U,) scores of the units behind `index` (from `index`) for `query`: the question-time part alone.
+        By default `score_units` on the held units (all of the work is then the question's)."""
+        return self.score_units(index, query)
+
 
 def fixed_spans(free: torch.Tensor, span: int) -> list[torch.Tensor]:
     """The candidate rows `free` (in order) cut into consecutive spans of `span` rows: the fixed span unit."""
@@ -70,20 +80,32 @@ def span_units(keep: torch.Tensor, eligible: torch.Tensor | None, span: int,
     return groups if groups is not None else [s.tolist() for s in fixed_spans(candidate_rows(keep, eligible), span)]
 
 
-def unit_row_scores(selector: TextSelector, query: str, per_row: list, document: str, n_rows: int,
-                    units: list[list[int]], device: torch.device | str) -> torch.Tensor:
-    """(n_rows,) float64 row scores from a text selector: each unit (a list of rows) is scored on the document
-    text its rows cover, and each of its rows takes that score; rows in no unit score −inf (never ranked)."""
+def unit_texts(per_row: list, document: str, units: list[list[int]]) -> list[str]:
+    """The document text each unit (a list of rows) covers, from its first row's span to its last's ("" for a unit
+    with no document row): what a text selector scores."""
     texts = []
     for unit in units:
         spans = [per_row[r] for r in unit if r < len(per_row) and per_row[r] is not None]
         texts.append(document[spans[0][0]:spans[-1][1]] if spans else "")
+    return texts
+
+
+def rows_from_units(scores: torch.Tensor, units: list[list[int]], n_rows: int,
+                    device: torch.device | str) -> torch.Tensor:
+    """(n_rows,) float64: each unit's score (`scores`, (U,)) on each of its rows; rows in no unit score −inf."""
     out = torch.full((n_rows,), -math.inf, dtype=torch.float64, device=device)
-    if units:
-        scores = selector.score_units(texts, query).to(device=device, dtype=torch.float64)  # (U,)
-        for unit, s in zip(units, scores):
-            out[unit] = s
+    for unit, s in zip(units, scores.to(device=device, dtype=torch.float64)):
+        out[unit] = s
     return out
+
+
+def unit_row_scores(selector: TextSelector, query: str, per_row: list, document: str, n_rows: int,
+                    units: list[list[int]], device: torch.device | str) -> torch.Tensor:
+    """(n_rows,) float64 row scores from a text selector: each unit (a list of rows) is scored on the document
+    text its rows cover, and each of its rows takes that score; rows in no unit score −inf (never ranked)."""
+    if not units:
+        return torch.full((n_rows,), -math.inf, dtype=torch.float64, device=device)
+    return rows_from_units(selector.score_units(unit_texts(per_row, document, units), query), units, n_rows, device)
 
 
 def unit_ranks(scores: torch.Tensor, units: list) -> torch.Tensor:

