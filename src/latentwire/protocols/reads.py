@@ -23,7 +23,8 @@ Held reads (agents that already hold their documents): `shared_reads(held)` with
 memo across blocks, one block per question. A read computed in an earlier block was done before this
 question arrived, so it is charged 0 s: the protocol's sender seconds and TTEOA are then *question-time*
 (`Read.held` says so). `HeldReads` bounds the bytes it keeps (least recently used reads go first) and
-counts the reads it computed, so "read once for k questions" is checkable.
+counts the reads it computed, so "read once for k questions" is checkable. A retriever that holds its document
+keeps its index in the same memo (`held_value`), bounded and dropped with the reads.
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ import time
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Callable, Iterator, NamedTuple
+
+import torch
 
 from ..agent import Agent, Answer
 from ..errors import HeldMemoryError
@@ -68,6 +71,7 @@ class HeldReads:
         self.reads_computed = 0  # prefills + latent-step runs actually computed (not served)
         self.served_held = 0  # finished states served from an earlier block (read before the question)
         self.dropped = 0  # entries dropped to stay within max_bytes
+        self.indexes_computed = 0  # retrievers' document indexes built (`held_value`), not counted as reads
 
     @property
     def nbytes(self) -> int:
@@ -87,7 +91,10 @@ class HeldReads:
     def _add(self, key, value) -> None:
         self.memo[key] = value
         self.born[key] = self.used[key] = self.block
-        if not (isinstance(key, tuple) and key and key[0] in ("report", "index")):
+        kind = key[0] if isinstance(key, tuple) and key else None
+        if kind == "index":
+            self.indexes_computed += 1
+        elif kind != "report":
             self.reads_computed += 1
 
     def check_fits(self, needed: int) -> None:
@@ -118,8 +125,13 @@ def read_bytes(sender: Agent, rows: int, full_history: bool = False) -> int:
 
 
 def _entry_bytes(value) -> int:
-    state = value[0] if isinstance(value, tuple) else None
-    return state.nbytes if isinstance(state, KVState) else 0
+    """Bytes a memo entry holds: a state's KV; for a retriever's index (`held_value`) the tensors among its fields
+    (a dense encoder's unit embeddings); 0 for a report."""
+    kept = value[0] if isinstance(value, tuple) else None
+    if isinstance(kept, KVState):
+        return kept.nbytes
+    fields = kept if isinstance(kept, tuple) else ()
+    return sum(t.numel() * t.element_size() for t in fields if isinstance(t, torch.Tensor))
 
 
 @contextmanager
@@ -187,7 +199,10 @@ def held_value(key: tuple, compute: Callable[[], Any]) -> tuple[Any, float, bool
     """A query-blind value other than a KV read (a retriever's index of its document, `retrieval(read="held")`),
     computed once per `shared_reads()` block and, with `HeldReads`, kept across blocks as reads are: (value, seconds
     charged, held?). Charged its measured seconds, or 0 s when an earlier block (before this question) computed it.
-    `key` starts with "index"; outside `shared_reads()` nothing is kept."""
+    `key` starts with "index" (`HeldReads.indexes_computed` counts them apart from reads); outside `shared_reads()`
+    nothing is kept."""
+    if not (isinstance(key, tuple) and key and key[0] == "index"):
+        raise ValueError(f"held_value keys start with 'index', got {key!r}")
     memo = _MEMO.get()
     if memo is not None and key in memo:
         value, seconds = memo[key]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import torch
 
@@ -47,18 +47,19 @@ class Picked:
     seconds: float
     budget: int
     tokens: int  # document tokens kept
-    read: float = 0.0  # of `seconds`, the query-blind work done before the question (read="held")
+    read_s: float = 0.0  # of `seconds`, the query-blind work done before the question (read="held")
+    held: bool = False  # its units and index were built for an earlier question (read="held", `HeldReads`)
 
 
 class Units(NamedTuple):
     """The query-blind part of one sender's retrieval: its prompt's rows (document span per row), which rows may be
     sent, the units ranked, their context rows, and (held) the selector's index of the units' text."""
-    per_row: list
+    per_row: list  # (T,) document (start, end) per row, None outside the document
     eligible: torch.Tensor  # (T,) bool
-    groups: list | None
-    units: list
-    ctx: object
-    index: object = None
+    groups: list[list[int]] | None
+    units: list[list[int]]
+    ctx: list[list[int]] | None  # context_rows: per unit, the rows it takes along
+    built: Any = None  # TextSelector.index of the units' text (held), else None
 
 
 @register
@@ -104,30 +105,36 @@ class Retrieval(Protocol):
         groups = sentence_groups(per_row, document, 2 * self.span) if self.span_mode == "sentence" else None
         units = span_units(keep, eligible, self.span, groups)
         ctx = context_rows(groups, per_row, document, self.context) if groups and self.context != "none" else None
-        held = self._selector.index(unit_texts(per_row, document, units)) if index else None
-        return Units(per_row, eligible, groups, units, ctx, held)
+        built = self._selector.index(unit_texts(per_row, document, units)) if index else None
+        return Units(per_row, eligible, groups, units, ctx, built)
 
     def pick(self, sender: Agent, document: str, question: str) -> Picked:
         """The text one sender sends for `question`, timed from the question's arrival (read="held": plus its
         query-blind work, charged as its read: measured when done now, 0 s when held from an earlier question)."""
         self._selector.prepare()
-        if self.read == "held":
-            key = ("index", id(sender), sender.model_name, repr(self._selector), self.span_mode, self.span,
-                   self.context, document)
-            u, read_s, _ = held_value(key, lambda: self.units(sender, document, index=True))
+        read_s, held = 0.0, False
+        if self.read == "held":  # before the question: the clock below starts after it
+            u, read_s, held = held_value(self._index_key(sender, document),
+                                         lambda: self.units(sender, document, index=True))
         t0 = time.perf_counter()
         if self.read == "held":
-            unit_scores = self._selector.score_index(u.index, question) if u.units else torch.zeros(0)  # (U,)
+            unit_scores = self._selector.score_index(u.built, question) if u.units else torch.zeros(0)  # (U,)
             scores = rows_from_units(unit_scores, u.units, len(u.per_row), HOST)
         else:
-            read_s, u = 0.0, self.units(sender, document)
+            u = self.units(sender, document)
             scores = unit_row_scores(self._selector, question, u.per_row, document, len(u.per_row), u.units, HOST)
         budget = fanin_budget(len(u.per_row), self.ratio)
         keep = torch.zeros_like(u.eligible)
         rows = select_rows(scores, budget, keep, self.span, u.eligible, u.groups, self.unit_floor, u.ctx, self.fill)
         kept = kept_document_spans(u.per_row, rows)
         text = "\n".join(document[a:b].strip() for a, b in merge_spans(kept))
-        return Picked(text, kept, time.perf_counter() - t0 + read_s, budget, len(kept), read_s)
+        return Picked(text, kept, time.perf_counter() - t0 + read_s, budget, len(kept), read_s, held)
+
+    def _index_key(self, sender: Agent, document: str) -> tuple:
+        """What a held index depends on: the sender's tokenizer and template, the units (span mode, span, context)
+        and the selector with its parameters (its dataclass repr); not the budget or the fill."""
+        return ("index", id(sender), sender.model_name, repr(self._selector), self.span_mode, self.span,
+                self.context, document)
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
         picked = [self.pick(sender, doc, question) for sender, doc in self._pair(senders, documents)]
@@ -136,6 +143,8 @@ class Retrieval(Protocol):
         return Outcome(self.name, reply.text, len(message.encode()), reply.context,
                        tuple(p.seconds for p in picked), reply.seconds,
                        {"pieces": [p.text for p in picked], "budgets": [p.budget for p in picked],
-                        "kept_tokens": [p.tokens for p in picked]}, kept_spans=tuple(p.kept for p in picked),
-                       read_seconds=tuple(p.read for p in picked),  # with_question: 0, all its work follows it
+                        "kept_tokens": [p.tokens for p in picked]}
+                       | ({"held_index": [p.held for p in picked]} if self.read == "held" else {}),
+                       kept_spans=tuple(p.kept for p in picked),
+                       read_seconds=tuple(p.read_s for p in picked),  # with_question: 0, all its work follows it
                        after_first=after_first(reply))

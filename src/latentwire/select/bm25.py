@@ -61,10 +61,21 @@ class BM25Selector(TextSelector):
         _stemmer("english")
 
     def score_units(self, units: list[str], query: str) -> torch.Tensor:
-        bm25s = _bm25s()
-        corpus, q = [terms(u, self.stem) for u in units], terms(query, self.stem)
-        if not any(corpus) or not q:  # bm25s cannot index a corpus without a term, nor score an empty query
-            return torch.zeros(len(units), dtype=torch.float64, device=HOST)
-        index = bm25s.BM25(k1=self.k1, b=self.b, method="lucene")
+        return self.score_index(self.index(units), query)
+
+    def index(self, units: list[str]) -> tuple[int, object]:
+        """(number of units, the bm25s index of their stemmed terms); None for a corpus without a term, which
+        bm25s cannot index."""
+        corpus = [terms(u, self.stem) for u in units]
+        if not any(corpus):
+            return len(units), None
+        index = _bm25s().BM25(k1=self.k1, b=self.b, method="lucene")
         index.index(corpus, show_progress=False)
-        return torch.as_tensor(index.get_scores(q), dtype=torch.float64, device=HOST)
+        return len(units), index
+
+    def score_index(self, index: tuple[int, object], query: str) -> torch.Tensor:
+        n, built = index
+        q = terms(query, self.stem)
+        if built is None or not q:  # bm25s cannot score an empty query
+            return torch.zeros(n, dtype=torch.float64, device=HOST)
+        return torch.as_tensor(built.get_scores(q), dtype=torch.float64, device=HOST)

@@ -42,5 +42,12 @@ class LexicalSelector(TextSelector):
     name = "lexical"
 
     def score_units(self, units: list[str], query: str) -> torch.Tensor:
+        return self.score_index(self.index(units), query)
+
+    def index(self, units: list[str]) -> list[set[str]]:
+        """Each unit's content words."""
+        return [content_words(u) for u in units]
+
+    def score_index(self, index: list[set[str]], query: str) -> torch.Tensor:
         q = content_words(query)
-        return torch.tensor([float(len(q & content_words(u))) for u in units], dtype=torch.float64, device=HOST)
+        return torch.tensor([float(len(q & u)) for u in index], dtype=torch.float64, device=HOST)
