@@ -57,6 +57,16 @@ def test_a_graph_answers_as_the_protocol_and_a_follow_up_by_handle_reads_nothing
     json.dumps(app.get_state(thread).values)  # the checkpointed state is plain JSON
 
 
+def test_a_held_retriever_builds_its_indexes_once_and_reports_question_time(agents):
+    node = fanin_node("retrieval(selector='bm25', ratio=4, read='held', max_new_tokens=4)", agents, receiver="r")
+    app, thread = _app(node), {"configurable": {"thread_id": "t"}}
+    first = app.invoke({"question": "Which city?", "documents": DOCS}, thread)["latentwire"]
+    second = app.invoke({"question": "How many bolts?", "documents": {}}, thread)["latentwire"]
+    assert (first["indexes_computed"], second["indexes_computed"]) == (3, 0)  # one per document, then held
+    assert first["reads_computed"] == second["reads_computed"] == 0  # no sender LLM runs
+    assert first["tteoa_question"] < first["tteoa"] and second["tteoa_question"] == pytest.approx(second["tteoa"])
+
+
 def test_async_graphs_and_transports_run_the_same_step(agents, models, tokenizer):
     node = fanin_node(SPEC, agents, receiver="r")
     out = asyncio.run(_app(node, asynchronous=True).ainvoke({"question": "Which city?", "documents": DOCS},

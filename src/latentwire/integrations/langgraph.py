@@ -93,21 +93,22 @@ class FaninNode:
     def __call__(self, state: Mapping[str, Any]) -> dict:
         question, senders, documents, receiver = self._inputs(state)
         t0 = time.perf_counter()
-        computed = served = None
+        computed = served = indexes = None
         if self.transport is None:
-            before = (self.held.reads_computed, self.held.served_held)
+            before = (self.held.reads_computed, self.held.served_held, self.held.indexes_computed)
             with shared_reads(self.held):
                 out = self.protocol.run([self.agents[s] for s in senders], documents, self.agents[receiver], question)
             computed, served = self.held.reads_computed - before[0], self.held.served_held - before[1]
+            indexes = self.held.indexes_computed - before[2]
         else:
             out = run_protocol(self.transport, self.protocol, senders, documents, receiver, question)
         wall = time.perf_counter() - t0
         handles = {s: self._hold(s, d) for s, d in zip(senders, documents)}
         meta = {"protocol": out.protocol, "message_bytes": out.message_bytes, "receiver_context": out.receiver_context,
-                "tteoa": out.tteoa, "sender_seconds": list(out.sender_seconds),
+                "tteoa": out.tteoa, "tteoa_question": out.question_tteoa, "sender_seconds": list(out.sender_seconds),
                 "receiver_seconds": out.receiver_seconds, "wall_seconds": wall, "senders": senders,
                 "receiver": receiver, "reads_computed": computed,
-                "held_reads": served,
+                "held_reads": served, "indexes_computed": indexes,
                 "held_bytes": None if self.transport else self.held.nbytes,
                 "kept_spans": None if out.kept_spans is None else {
                     s: [list(span) for span in spans] for s, spans in zip(senders, out.kept_spans)}}
