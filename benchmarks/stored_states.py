@@ -209,9 +209,10 @@ def crossover(out: Path, cells: list[str]) -> list[str]:
              f"(`{TEXTH}`); ![crossover](crossover.png)", "",
              "| protocol | " + " | ".join(f"{tokens[c]:,} tokens" for c in have) + " |",
              "|---|" + "---:|" * len(have)]
-    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    fig, ax = plt.subplots(figsize=(9.6, 4.8))
+    colors = plt.get_cmap("tab20").colors
     found = sorted({label for c in have for label in times[c]} - set(CROSSOVER))  # e.g. a --protocols run's own
-    for label in [p for p in CROSSOVER if any(p in times[c] for c in have)] + found:
+    for k, label in enumerate([p for p in CROSSOVER if any(p in times[c] for c in have)] + found):
         cells_, xs, ys = [], [], []
         for c in have:
             v = times[c].get(label)
@@ -224,12 +225,13 @@ def crossover(out: Path, cells: list[str]) -> list[str]:
             cells_.append(f"{m:.2f} [{lo:.2f}, {hi:.2f}]{ratio}")
             xs.append(tokens[c]), ys.append(m)
         lines.append(f"| `{label}` | " + " | ".join(cells_) + " |")
-        if xs:
-            ax.plot(xs, ys, "o-", label=label)
+        if xs and (label in CROSSOVER or label not in PROTOCOLS):  # the study's curve points stay in the table
+            style = "--" if label.startswith("retrieval") else ":" if label.startswith(("full", "text")) else "-"
+            ax.plot(xs, ys, "o" + style, label=label, color=colors[k % len(colors)])
     ax.set(xscale="log", yscale="log", xlabel="tokens per sender (3 senders)", ylabel="median question-time TTEOA (s)",
            title="Agents that hold their documents: time from the question")
-    if ax.lines:
-        ax.legend(fontsize=7)
+    if ax.lines:  # beside the axes: a legend inside them hides the points
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out / "crossover.png", dpi=120)
