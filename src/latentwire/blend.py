@@ -19,15 +19,26 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from .errors import ConfigError, StateFormatError
 from .state import Geometry, KVState
 
-if TYPE_CHECKING:
-    from .agent import Agent
+
+class Runner(Protocol):
+    """What the recompute needs of the agent that calls it (`Agent` is one; declared here so that this module,
+    which `agent.py` imports, imports nothing back)."""
+    model: torch.nn.Module
+    decoder: torch.nn.Module
+    geometry: Geometry
+    device: torch.device
+    dtype: torch.dtype
+
+    def rows(self, state: KVState): ...
+
+    def _forward(self, cache, start: int, ids=None, embeds=None, positions=None, mask=None) -> torch.Tensor: ...
 
 
 class _Stop(Exception):
@@ -88,7 +99,7 @@ def reassemble(cache, pick: torch.Tensor, n: int) -> None:
         layer.keys, layer.values = layer.keys[:, :, order], layer.values[:, :, order]
 
 
-def layer_kv(agent: Agent, cache, start: int, embeds: torch.Tensor, layer: int) -> tuple:
+def layer_kv(agent: Runner, cache, start: int, embeds: torch.Tensor, layer: int) -> tuple:
     """The K/V layer `layer` computes for rows `embeds` (n, d) at positions start.. after `cache`, running only
     the layers up to it: ((H, n, D), (H, n, D)). `cache` is left holding them on those layers only."""
     owner = threading.get_ident()
@@ -106,7 +117,7 @@ def layer_kv(agent: Agent, cache, start: int, embeds: torch.Tensor, layer: int) 
     return cache.layers[layer].keys[0, :, start:], cache.layers[layer].values[0, :, start:]
 
 
-def check_blend(agent: Agent, message: KVState | None = None) -> None:
+def check_blend(agent: Runner, message: KVState | None = None) -> None:
     """What recomputing attached rows needs: an attention implementation that takes a prepared mask and, for a
     `message`, every row's K/V on every layer (a full-history state on sliding layers)."""
     if message is not None and any(layer.positions.numel() != len(message) for layer in message.layers):
@@ -117,7 +128,7 @@ def check_blend(agent: Agent, message: KVState | None = None) -> None:
                           f"not {impl!r}")
 
 
-def blended_cache(agent: Agent, placed: KVState, first: int, recompute: float):
+def blended_cache(agent: Runner, placed: KVState, first: int, recompute: float):
     """A cache of `placed` (compact, every row on sliding layers) in which `agent` recomputes the share
     `recompute` of rows first.. (an attached message) that its own context changes most (the steps above)."""
     n, m = len(placed), len(placed) - first

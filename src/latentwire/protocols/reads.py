@@ -166,13 +166,11 @@ def read(sender: Agent, prompt: str, latent_steps: int, latent_mode: str, full_h
     who = (id(sender), sender.model_name, str(sender.dtype), str(sender.device), prompt) + (("full",) if full else ())
     key = who + (latent_steps, latent_mode) if latent_steps else who  # G = 0: the finished state is the prefill
     if key in memo:
-        state, seconds = memo[key]
-        if held is None:
-            return Read(state, seconds, True)
-        charged, was_held = held._charge(key, seconds)
-        held.served_held += was_held
+        state, charged, was_held = _serve(memo, held, key)
+        if held is not None:
+            held.served_held += was_held
         return Read(state, charged, not was_held, was_held)
-    put = memo.__setitem__ if held is None else held._add
+    put = _store(memo, held)
     if held is not None:  # refused before this read computes: the prefill and the finished state are both held
         rows = len(sender.chat_ids(prompt))
         held.check_fits(read_bytes(sender, rows, full) * (who not in memo)
@@ -203,21 +201,30 @@ def held_value(key: tuple, compute: Callable[[], Any]) -> tuple[Any, float, bool
     nothing is kept."""
     if not (isinstance(key, tuple) and key and key[0] == "index"):
         raise ValueError(f"held_value keys start with 'index', got {key!r}")
-    memo = _MEMO.get()
+    memo, held = _MEMO.get(), _HELD.get()
     if memo is not None and key in memo:
-        value, seconds = memo[key]
-        held = _HELD.get()
-        if held is None:
-            return value, seconds, False
-        charged, was_held = held._charge(key, seconds)
-        return value, charged, was_held
+        return _serve(memo, held, key)
     t0 = time.perf_counter()
     value = compute()
     seconds = time.perf_counter() - t0
     if memo is not None:
-        held = _HELD.get()
-        (memo.__setitem__ if held is None else held._add)(key, (value, seconds))
+        _store(memo, held)(key, (value, seconds))
     return value, seconds, False
+
+
+def _serve(memo: dict, held: HeldReads | None, key) -> tuple[Any, float, bool]:
+    """(value, seconds charged, held?) of a memo entry: its measured seconds within a block, 0 s when an earlier
+    block of `held` computed it."""
+    value, seconds = memo[key]
+    if held is None:
+        return value, seconds, False
+    charged, was_held = held._charge(key, seconds)
+    return value, charged, was_held
+
+
+def _store(memo: dict, held: HeldReads | None) -> Callable:
+    """How a new entry enters the memo: plainly, or through `held` (which dates and counts it)."""
+    return memo.__setitem__ if held is None else held._add
 
 
 class Report(NamedTuple):

@@ -118,7 +118,8 @@ class Retrieval(Protocol):
                                          lambda: self.units(sender, document, index=True))
         t0 = time.perf_counter()
         if self.read == "held":
-            unit_scores = self._selector.score_index(u.built, question) if u.units else torch.zeros(0)  # (U,)
+            unit_scores = (self._selector.score_index(u.built, question) if u.units
+                           else torch.zeros(0, dtype=torch.float64, device=HOST))  # (U,)
             scores = rows_from_units(unit_scores, u.units, len(u.per_row), HOST)
         else:
             u = self.units(sender, document)
