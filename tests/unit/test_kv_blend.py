@@ -5,15 +5,17 @@ changes nothing; the rows whose K/V were corrupted are the ones picked, and reco
 Over both transports: test_kv_reencoded.py."""
 from __future__ import annotations
 
+import threading
+from dataclasses import replace
+
 import pytest
 import torch
 
-from dataclasses import replace
-
-from latentwire.agent import MESSAGE_PROMPT
+from latentwire.agent import MESSAGE_PROMPT, Agent
 from latentwire.bench.runner import parse_protocols
-from latentwire.blend import blend_mask, deviation, recompute_count
+from latentwire.blend import blend_mask, deviation, layer_kv, recompute_count
 from latentwire.errors import ConfigError, StateFormatError
+from latentwire.models.tiny import tiny_model
 from latentwire.protocols import get_protocol
 from latentwire.protocols.cacheback import RECOMPUTE, CacheBack
 from latentwire.state import KVState, LayerKV
@@ -25,7 +27,7 @@ def close(seen, a: int, b: int) -> bool:
     layers, the rows both caches hold: a blended cache keeps every row there, a plain one its last window)."""
     (sa, ha, ka), (sb, hb, kb) = seen[a], seen[b]
     n = [min(x.shape[1], y.shape[1]) for x, y in zip(ka, kb)]
-    return sa == sb and torch.allclose(ha, hb, atol=1e-5) and all(
+    return sa == sb and len(ka) == len(kb) and torch.allclose(ha, hb, atol=1e-5) and all(
         torch.allclose(x[:, -m:], y[:, -m:], atol=1e-5) for x, y, m in zip(ka, kb, n))
 
 
@@ -52,10 +54,12 @@ def test_recomputing_rows_that_are_already_exact_changes_nothing(agent_for, arch
     (through the partial mask and the reassembly) leaves the answer's input as it was."""
     agent = agent_for(arch)
     exact = agent.encode_rows(agent.rows(selected(CacheBack(ratio=2, latent_steps=2), agent, DOC)))
-    seen = spy_decode(agent)
+    seen, picked, real = spy_decode(agent), [], agent._forward
+    agent._forward = lambda *a, **k: (picked.append(k["positions"]) if "positions" in k else None, real(*a, **k))[1]
     agent.answer_attached(Q, exact, max_new_tokens=2)
     agent.answer_attached(Q, exact, max_new_tokens=2, recompute=share)
     assert close(seen, 0, 1)
+    assert len(picked) == 1 and len(picked[0]) == recompute_count(share, len(exact)) > 0  # the recompute ran
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -77,6 +81,37 @@ def test_the_rows_with_corrupted_k_v_are_the_ones_recomputed(agent_for, arch, sp
     head = len(agent.slot_ids(agent.chat_text(MESSAGE_PROMPT.format(question=Q)))[0])  # the rows before the slot
     assert torch.equal(picked[0], bad + head)
     assert close(seen, 0, 2) and not close(seen, 0, 1)
+
+
+def test_a_model_whose_layers_all_slide_takes_the_one_mask(tokenizer, spy_decode):
+    """Mistral-like models (every layer sliding; window 128 here: shorter than the message, long enough that the
+    answer still sees it) take one mask, not a dict: recomputing every row is still the re-prefill, recomputing
+    none is not."""
+    agent = Agent(tiny_model("mistral", sliding_window=128), tokenizer, "mistral-sliding")
+    assert set(agent.geometry.layer_types) == {"sliding"}
+    seen = spy_decode(agent)
+    # BM25 picks the rows: attention scores would need the window to hold the whole document
+    kw = dict(ratio=2, latent_steps=1, max_new_tokens=3, selector="bm25")
+    rows = CacheBack(**kw).run([agent, agent], [DOC, OTHER], agent, Q)
+    CacheBack(encoding="kv_blend", recompute=1.0, **kw).run([agent, agent], [DOC, OTHER], agent, Q)
+    CacheBack(encoding="kv_blend", recompute=0.0, **kw).run([agent, agent], [DOC, OTHER], agent, Q)
+    assert rows.details["message_rows"] > agent.geometry.sliding_window
+    assert close(seen, 0, 1) and not close(seen, 0, 2)
+
+
+def test_the_stop_hook_leaves_another_threads_forward_alone(agent_for):
+    """`layer_kv` stops its own forward after the layer it needs; a whole forward of the same model that another
+    thread runs meanwhile (a transport's other agent) must finish."""
+    agent = agent_for("llama")
+    out, real = {}, agent._forward
+
+    def forward(*a, **k):  # while the stop hook is registered, another thread runs the whole model
+        t = threading.Thread(target=lambda: out.update(h=real(agent.new_cache(), 0, ids=torch.tensor([5, 6, 7]))))
+        t.start(), t.join()
+        return real(*a, **k)
+    agent._forward = forward
+    keys, values = layer_kv(agent, agent.new_cache(), 0, agent.embed([5, 6, 7, 8]), 1)
+    assert out["h"].shape[0] == 3 and keys.shape[1] == values.shape[1] == 4
 
 
 def test_deviation_weighs_keys_and_values_alike_and_ranks_the_moved_row_first():

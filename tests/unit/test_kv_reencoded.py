@@ -105,11 +105,14 @@ def test_a_sender_whose_re_read_overflows_is_refused_before_it_reads(agent_for, 
 
 
 @pytest.mark.parametrize("extra", [{"encoding": "kv_reencoded"}, {"encoding": "kv_blend", "recompute": 0.5}])
-def test_a_transport_runs_it_as_the_protocol_does(agent_for, extra):
+def test_a_transport_runs_it_as_the_protocol_does(agent_for, extra, monkeypatch):
     """run_protocol (zero-copy and over the wire): the same answer, bytes and rows as `CacheBack.run`; also for the
-    read's K/V partly recomputed by the receiver (test_kv_blend.py)."""
+    read's K/V partly recomputed by the receiver (test_kv_blend.py), whose share reaches the receiver every time."""
+    import latentwire.agent
     from latentwire.transport import AgentSpec, InProcessTransport, run_protocol
 
+    shares, real = [], latentwire.agent.blended_cache
+    monkeypatch.setattr(latentwire.agent, "blended_cache", lambda a, p, f, r: (shares.append(r), real(a, p, f, r))[1])
     cb = CacheBack(ratio=2, latent_steps=1, max_new_tokens=3, **extra)
     agent = agent_for("gemma3")
     ref = cb.run([agent, agent], [DOC, OTHER], agent, Q)
@@ -122,6 +125,7 @@ def test_a_transport_runs_it_as_the_protocol_does(agent_for, extra):
             (ref.answer, ref.message_bytes, ref.receiver_context, ref.kept_spans)
         assert out.details["kv_bytes"] == ref.details["kv_bytes"] and "delivery" not in out.details
         assert out.details["message_rows"] == ref.details["message_rows"]
+    assert shares == [extra.get("recompute", 0.0)] * 3 if "recompute" in extra else shares == []
 
 
 def test_kv_encodings_are_named_and_refused_where_rows_are_re_prefilled():

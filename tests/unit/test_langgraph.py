@@ -65,6 +65,10 @@ def test_a_held_retriever_builds_its_indexes_once_and_reports_question_time(agen
     assert (first["indexes_computed"], second["indexes_computed"]) == (3, 0)  # one per document, then held
     assert first["reads_computed"] == second["reads_computed"] == 0  # no sender LLM runs
     assert first["tteoa_question"] < first["tteoa"] and second["tteoa_question"] == pytest.approx(second["tteoa"])
+    cold = get_protocol("retrieval", selector="bm25", ratio=4, max_new_tokens=4).run(
+        [agents[s] for s in DOCS], list(DOCS.values()), agents["r"], "How many bolts?")  # what the index served
+    assert second["kept_spans"] == {s: [list(x) for x in k] for s, k in zip(DOCS, cold.kept_spans)}
+    assert second["senders"] == list(DOCS) and second["message_bytes"] == cold.message_bytes
 
 
 def test_async_graphs_and_transports_run_the_same_step(agents, models, tokenizer):

@@ -2,14 +2,17 @@
 units, a text selector's index) is done before the question, charged as the read, and kept across questions."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
 from latentwire.errors import UnknownNameError
 from latentwire.protocols import get_protocol
+from latentwire.protocols import retrieval
 from latentwire.protocols.reads import HeldReads, held_value, shared_reads
 from latentwire.protocols.retrieval import Retrieval
-from latentwire.select import bm25, get_selector
+from latentwire.select import bm25, dense, get_selector
 
 UNITS = ["The printer on the third floor jammed twice.",
          "Mira Novak was born in Tartu and moved away at nineteen.",
@@ -28,6 +31,15 @@ def test_word_selectors_score_an_index_exactly_as_the_units(name):
         assert torch.equal(selector.score_index(index, q), selector.score_units(UNITS, q))
     empty = selector.index(["", "the of"])  # a corpus without a term scores zeros, as unheld
     assert torch.equal(selector.score_index(empty, QUESTIONS[0]), torch.zeros(2, dtype=torch.float64))
+
+
+def test_word_selectors_score_an_index_with_the_values_worked_by_hand():
+    # Content words of the question: instrument, mira, novak, play. Word overlap does not stem ("plays" ≠ "play").
+    lexical = get_selector("lexical")
+    assert lexical.score_index(lexical.index(UNITS), QUESTIONS[0]).tolist() == [0.0, 2.0, 2.0, 0.0]
+    # BM25 stems "plays" to "play": the cello sentence matches three terms, the hometown one two, the rest none.
+    s = get_selector("bm25").score_index(get_selector("bm25").index(UNITS), QUESTIONS[0])
+    assert s[0] == s[3] == 0 and s[2] > s[1] > 0
 
 
 def test_a_bm25_index_does_the_document_side_work_once(monkeypatch):
@@ -86,6 +98,53 @@ def test_held_reads_build_each_index_once_across_questions(agent_for, monkeypatc
         assert held.nbytes >= sum(4 * 384 * n for n in built)
     cold = Retrieval(selector=selector, ratio=3).run([agent, agent], [DOC, OTHER], agent, QUESTIONS[1])
     assert outs[1].details["pieces"] == cold.details["pieces"]
+
+
+@pytest.mark.parametrize("selector", ["bm25", "lexical", "dense"])
+def test_a_later_question_does_only_the_question_side_work(agent_for, monkeypatch, selector):
+    agent = agent_for("llama")
+    protocol, held = Retrieval(selector=selector, ratio=3, read="held"), HeldReads()
+    with shared_reads(held):
+        protocol.run([agent, agent], [DOC, OTHER], agent, QUESTIONS[0])
+    calls = []
+    for name in ("token_document_spans", "sentence_groups"):  # the units: tokenised and cut before the question
+        original = getattr(retrieval, name)
+        monkeypatch.setattr(retrieval, name, lambda *a, _f=original, _n=name, **k: (calls.append(_n), _f(*a, **k))[1])
+    embedded = []
+    original_embed = dense.embed
+    monkeypatch.setattr(dense, "embed", lambda texts, *a, **k: (embedded.append(list(texts)),
+                                                               original_embed(texts, *a, **k))[1])
+    with shared_reads(held):
+        out = protocol.run([agent, agent], [DOC, OTHER], agent, QUESTIONS[1])
+    assert calls == [] and out.details["held_index"] == [True, True]
+    if selector == "dense":  # one embedding per sender, of the question alone
+        prefix = protocol._selector.query_prefix
+        assert embedded == [[prefix + QUESTIONS[1]]] * 2
+
+
+@pytest.mark.parametrize("selector", ["bm25", "lexical", "dense"])
+def test_held_indexes_count_against_the_bound_and_go_when_it_is_passed(agent_for, selector):
+    agent = agent_for("llama")
+    protocol, held = Retrieval(selector=selector, ratio=3, read="held"), HeldReads()
+    with shared_reads(held):
+        protocol.run([agent], [DOC], agent, QUESTIONS[0])
+    (units,) = [v[0] for k, v in held.memo.items() if k[0] == "index"]
+    index = units.built
+    if selector == "bm25":  # bm25s keeps its scores as numpy arrays and a vocabulary dict
+        payload = sum(a.nbytes for a in index[1].scores.values() if hasattr(a, "nbytes")) \
+            + sys.getsizeof(index[1].vocab_dict)
+    elif selector == "lexical":
+        payload = sum(sys.getsizeof(words) for words in index)
+    else:
+        payload = index.numel() * index.element_size()
+    assert held.nbytes >= payload + sys.getsizeof(units.per_row) + units.eligible.numel() > 0
+    small = HeldReads(max_bytes=held.nbytes - 1)  # one index too many: each block ends by dropping it
+    outs = []
+    for q in QUESTIONS:
+        with shared_reads(small):
+            outs.append(protocol.run([agent], [DOC], agent, q))
+    assert small.indexes_computed == 2 and small.dropped == 2 and small.nbytes == 0
+    assert outs[1].details["held_index"] == [False] and outs[1].read_seconds[0] > 0  # rebuilt, and charged again
 
 
 def test_different_units_or_selectors_keep_different_indexes(agent_for):

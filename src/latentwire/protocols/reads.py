@@ -28,11 +28,14 @@ keeps its index in the same memo (`held_value`), bounded and dropped with the re
 """
 from __future__ import annotations
 
+import sys
 import time
+import types
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Callable, Iterator, NamedTuple
 
+import numpy as np
 import torch
 
 from ..agent import Agent, Answer
@@ -51,7 +54,7 @@ class Read(NamedTuple):
 
 
 class HeldReads:
-    """Reads kept across questions, within `max_bytes` of KV (least recently used reads are dropped first).
+    """Reads and retriever indexes kept across questions, within `max_bytes` (least recently used go first).
 
         held = HeldReads(max_bytes=2 * 2**30)
         with shared_reads(held):
@@ -75,7 +78,8 @@ class HeldReads:
 
     @property
     def nbytes(self) -> int:
-        """KV bytes held (a prefill and its latent-step continuations count separately)."""
+        """Bytes held: each read's KV (a prefill and its latent-step continuations count separately) and each
+        retriever index (`_held_bytes`)."""
         return sum(_entry_bytes(v) for v in self.memo.values())
 
     def release(self) -> None:
@@ -125,13 +129,39 @@ def read_bytes(sender: Agent, rows: int, full_history: bool = False) -> int:
 
 
 def _entry_bytes(value) -> int:
-    """Bytes a memo entry holds: a state's KV; for a retriever's index (`held_value`) the tensors among its fields
-    (a dense encoder's unit embeddings); 0 for a report."""
+    """Bytes a memo entry holds: a state's KV; for a retriever's index (`held_value`) everything it keeps (`_held_bytes`:
+    a dense encoder's unit embeddings, BM25's arrays and vocabulary, the units' rows and words); 0 for a report."""
     kept = value[0] if isinstance(value, tuple) else None
     if isinstance(kept, KVState):
         return kept.nbytes
-    fields = kept if isinstance(kept, tuple) else ()
-    return sum(t.numel() * t.element_size() for t in fields if isinstance(t, torch.Tensor))
+    return _held_bytes(kept) if isinstance(kept, tuple) else 0
+
+
+_LEAVES = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType)
+
+
+def _held_bytes(obj, seen: set[int] | None = None) -> int:
+    """Bytes `obj` keeps alive, each object once: a tensor's or array's data, a state's KV, and for Python values
+    their own `sys.getsizeof` plus their contents' (containers, and the attributes of plain objects such as a bm25s
+    index). Classes, modules and functions are shared, not held: they count 0."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or isinstance(obj, _LEAVES):
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, KVState):
+        return obj.nbytes
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    size = sys.getsizeof(obj)
+    if isinstance(obj, dict):
+        return size + sum(_held_bytes(k, seen) + _held_bytes(v, seen) for k, v in obj.items())
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return size + sum(_held_bytes(x, seen) for x in obj)
+    if hasattr(obj, "__dict__"):
+        return size + _held_bytes(vars(obj), seen)
+    return size
 
 
 @contextmanager
