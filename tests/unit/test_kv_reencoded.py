@@ -137,8 +137,9 @@ def test_kv_encodings_are_named_and_refused_where_rows_are_re_prefilled():
         get_protocol("cacheback_x", encoding="kv_reencoded")
 
 
-def test_the_delivery_benchmark_gives_each_variant_the_same_selection(agent_for, monkeypatch):
-    """benchmarks/kv_delivery.py: its rows, kv and kv_reencoded variants answer as the protocols do."""
+def test_the_delivery_benchmark_gives_each_variant_the_same_selection(agent_for, monkeypatch, spy_decode):
+    """benchmarks/kv_delivery.py: its rows, kv, kv_reencoded and kv_blend variants hand decoding exactly what the
+    protocols do (the same start, last hidden state and cache; answers of tiny models alone would prove little)."""
     from pathlib import Path
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -153,8 +154,14 @@ def test_the_delivery_benchmark_gives_each_variant_the_same_selection(agent_for,
              for d in (DOC, OTHER)]
     got = kd.answers(agent, Q, parts, 3, [x.positions for x in sent], units)
     assert tuple(got) == kd.VARIANTS
+    seen = spy_decode(agent)
     for variant in ("rows", "kv", "kv_reencoded", "kv_blend"):
-        assert got[variant] == CacheBack(encoding=variant, **kw).run([agent, agent], [DOC, OTHER], agent, Q).answer
+        kd.answers(agent, Q, parts, 3, [x.positions for x in sent], units, only=(variant,))
+        out = CacheBack(encoding=variant, **kw).run([agent, agent], [DOC, OTHER], agent, Q)
+        (sa, ha, ka), (sb, hb, kb) = seen[-2], seen[-1]
+        assert got[variant] == out.answer and sa == sb and torch.allclose(ha, hb, atol=1e-5), variant
+        assert len(ka) == len(kb) and all(torch.allclose(x, y, atol=1e-5) for x, y in zip(ka, kb)), variant
+    assert not torch.allclose(seen[0][1], seen[2][1], atol=1e-3)  # rows and the read's K/V: different inputs
     # touching sentences stay apart; rows outside every unit (first, latent) group by run
     assert kd.blocks([0, 5, 6, 7, 12, 40, 41], [[5, 6], [7, 8], [12]]) == [[0], [1, 2], [3], [4], [5, 6]]
     blocks = kd.blocks(sent[0].positions, units[0])
