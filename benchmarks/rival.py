@@ -36,7 +36,7 @@ from latentwire.bench.metrics import bootstrap_ci, evidence_recall, paired_boots
 from latentwire.bench.report import compare, read_run, verdict, with_holm, write_report  # noqa: E402
 from latentwire.bench.report import PAIRING_NOTE, VERDICT_HEADER  # noqa: E402
 from latentwire.bench.runner import (RunConfig, check_resume, drop_cut_lines, finished, hardware, run_episode,  # noqa: E402
-                                     write_config)
+                                     run_lock, write_config)
 from latentwire.protocols import get_protocol  # noqa: E402
 from latentwire.protocols.reads import shared_reads  # noqa: E402
 from latentwire.bench.tasks import TASKS  # noqa: E402
@@ -370,7 +370,8 @@ def main() -> None:
             if agent is None:
                 agent = Agent.from_pretrained(args.model, dtype=args.dtype)
             print(f"== {cell}: {args.n} episodes, {len(PROTOCOLS)} protocols -> {folder}", flush=True)
-            run_cell(agent, folder, episodes, args.model, not args.skip_recall, args.upto)
+            with run_lock(folder):  # one run per folder: a second would duplicate and lose records
+                run_cell(agent, folder, episodes, args.model, not args.skip_recall, args.upto)
         if has_records(folder):
             config, _ = read_run(folder)
             write_report(folder, [p for p in FAMILY if p[0] in config["config"]["protocols"]])

@@ -51,7 +51,7 @@ from latentwire.bench.report import cluster_means, compare, read_run, verdict, w
 from latentwire.bench.report import CLUSTER_NOTE, VERDICT_HEADER  # noqa: E402
 from latentwire.bench.episode import load_episodes  # noqa: E402
 from latentwire.bench.runner import (RunConfig, check_resume, drop_cut_lines, finished, run_episode,  # noqa: E402
-                                     write_config)
+                                     run_lock, write_config)
 from latentwire.bench.tasks import aggregate, facts  # noqa: E402
 from latentwire.protocols import get_protocol  # noqa: E402
 from latentwire.placement import dtype_name  # noqa: E402
@@ -370,7 +370,9 @@ def main() -> None:
                 agent = Agent.from_pretrained(args.model, dtype=args.dtype)
                 check_study_dtype(args.out, dtype_name(agent.dtype))
             names = labels_for(cell)
-            run_cell(agent, folder, groups, args.model, [names.get(p, p) for p in _split(args.protocols)], args.upto)
+            with run_lock(folder):  # one run per folder: a second would duplicate and lose records
+                run_cell(agent, folder, groups, args.model, [names.get(p, p) for p in _split(args.protocols)],
+                         args.upto)
         if (folder / "records.jsonl").exists():
             write_report(folder, family_for(cell), document_sets(folder), question_time=True)
     write_index(args.out)

@@ -16,7 +16,7 @@ from typing import Sequence, Union
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from .errors import ContextOverflowError, StateFormatError, UnknownNameError
+from .errors import ConfigError, ContextOverflowError, StateFormatError, UnknownNameError, UnknownParameterError
 from .replies import Answer, CallRecord, Stream  # noqa: F401  (re-exported: part of the agent's API)
 from .message import Rows
 from .models import cache_arg, load, tokenizer_fingerprint
@@ -34,18 +34,32 @@ MESSAGE_PROMPT = "Notes from other agents:\n" + SLOT + "\n\nQuestion: {question}
 KV_PROMPT = "Using the information above, answer briefly: {question}"
 
 
+def _check_window_arg(context_window) -> None:
+    """ConfigError unless `context_window` is None (the model's own) or a whole number of positions ≥ 1."""
+    if context_window is not None and (isinstance(context_window, bool) or not isinstance(context_window, int)
+                                       or context_window < 1):
+        raise ConfigError(f"context_window must be a whole number of positions ≥ 1 (None: the model's own), got "
+                          f"{context_window!r}")
+
+
 class Agent:
     def __init__(self, model, tokenizer, model_name: str, context_window: int | None = None):
+        _check_window_arg(context_window)
         self.model, self.tokenizer, self.model_name = model.eval(), tokenizer, model_name
         self.decoder = decoder_of(model)  # the text decoder stack: model.model, or a multimodal model's language model
         config = model.config.get_text_config(decoder=True)
-        self.context_window = context_window or int(config.max_position_embeddings)
+        self.context_window = int(config.max_position_embeddings) if context_window is None else context_window
         self.calls: list[CallRecord] = []
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = "smollm2-135m", device: str | torch.device | None = None,
                         dtype: str | torch.dtype | None = None, **kw) -> "Agent":
-        """A bundled name, a local HF folder or a hub id; device/dtype default as `placement.resolve`."""
+        """A bundled name, a local HF folder or a hub id; device/dtype default as `placement.resolve`. `kw`: the
+        Agent's own arguments (`context_window`), checked before any model loads."""
+        if unknown := sorted(set(kw) - {"context_window"}):
+            raise UnknownParameterError("function", "Agent.from_pretrained", unknown[0],
+                                        ["name_or_path", "device", "dtype", "context_window"])
+        _check_window_arg(kw.get("context_window"))
         model, tokenizer, name = load(name_or_path, dtype=dtype, device=device)
         return cls(model, tokenizer, name, **kw)
 

@@ -122,13 +122,14 @@ def check_runs(device: torch.device, dtype: torch.dtype) -> None:
 
 def resolve(device: str | torch.device | None = None, dtype: str | torch.dtype | None = None) -> Placement:
     """Validate a requested device and dtype and fill in the defaults (see the module docstring)."""
-    dev, env_dev = parse_device(device), parse_device(os.environ.get("LATENTWIRE_DEVICE"))
+    dev = parse_device(device)
+    env_dev = None if dev else _from_env("LATENTWIRE_DEVICE", parse_device)  # a given device wins: env unread
     reasons = ["device given" if dev else "device from $LATENTWIRE_DEVICE" if env_dev else
                "CUDA available" if torch.cuda.is_available() else "no CUDA"]
     dev = dev or env_dev or default_device()
     dt = parse_dtype(dtype)
     if dt is None:
-        dt = parse_dtype(os.environ.get("LATENTWIRE_DTYPE"))
+        dt = _from_env("LATENTWIRE_DTYPE", parse_dtype)
         if dt is None:
             dt, why = default_dtype(dev)
             reasons.append(why)
@@ -138,3 +139,12 @@ def resolve(device: str | torch.device | None = None, dtype: str | torch.dtype |
         reasons.append("dtype given")
     check_runs(dev, dt)
     return Placement(dev, dt, "; ".join(reasons))
+
+
+def _from_env(name: str, parse):
+    """`parse` of the environment variable `name` (None when unset); a bad value's error names the variable."""
+    value = os.environ.get(name)
+    try:
+        return parse(value)
+    except DeviceError as e:
+        raise DeviceError(f"${name}={value!r}: {e}") from e

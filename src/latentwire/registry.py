@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import numbers
 import os
 import types
@@ -86,6 +87,8 @@ def check_types(kind: str, name: str, target: Callable, params: dict) -> None:
         if not ok:
             want = " or ".join("None" if t is type(None) else t.__name__ for t in allowed)
             raise ConfigError(f"{kind} {name}: {key} must be {want}, got {value!r} ({type(value).__name__})")
+        if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral) and not math.isfinite(value):
+            raise ConfigError(f"{kind} {name}: {key} must be a finite number, got {value!r}")  # NaN passes `x < 1`
 
 
 def construct(kind: str, name: str, target: Callable[..., Any], *args, **params) -> Any:

@@ -1,6 +1,7 @@
 """Bench harness: metrics, evidence recall on hand-built episodes, runner resume/errors, report files."""
 import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -128,6 +129,13 @@ def test_bad_specs_and_parameters_are_config_errors():
     for spec in ("fullkv(8)", "fullkv(latent_steps=)", "full kv"):
         with pytest.raises(ConfigError):
             parse_protocols(spec)
+    # nothing is dropped silently: every spec is read whole, or refused naming what is wrong
+    for spec, what in [("text,cacheback(ratio=8", "never closed"), ("text),cacheback(ratio=8)", "closes nothing"),
+                       ("cacheback(ratio=8)(latent_steps=4)", "want name"), ("cacheback(ratio=8, ratio=2)", "ratio given twice"),
+                       ("text, text", "given twice"), ("cacheback(selector=bm25)", "selector=bm25 is not a Python literal"),
+                       (" , ", "no protocol")]:
+        with pytest.raises(ConfigError, match=what):
+            parse_protocols(spec)
     with pytest.raises(ConfigError, match="latent_step"):
         get_protocol("fullkv", latent_step=8)  # unknown field
     with pytest.raises(ConfigError):
@@ -152,6 +160,42 @@ def test_resume_drops_a_line_cut_short_and_refuses_another_n(tiny_task, tmp_path
     assert first != resumed and [r["run"] for r in again] == [first, first, resumed]
     with pytest.raises(ConfigError):
         run(RunConfig(str(tiny_task), "alone(max_new_tokens=1)", "llama", n=2), out, progress=False, agent=agent)
+
+
+def test_one_run_per_folder_and_files_written_whole(tiny_task, tmp_path, monkeypatch):
+    from latentwire.bench import runner
+    from latentwire.errors import ConfigError
+
+    agent = Agent(tiny_model("llama"), tiny_tokenizer(), "llama", context_window=1000)
+    out, cfg = tmp_path / "run", RunConfig(str(tiny_task), "alone(max_new_tokens=1)", "llama")
+    with runner.run_lock(tmp_path):  # another process writing the folder: refused before anything is written
+        out.mkdir()
+        with runner.run_lock(out), pytest.raises(ConfigError, match="another run"):
+            run(cfg, out, progress=False, agent=agent)
+        assert list(out.iterdir()) == []  # the refused run wrote nothing; the holder's lock went with it
+    run(cfg, out, progress=False, agent=agent)
+    assert not (out / runner.LOCK).exists()  # the lock goes with the run
+    rec = out / "records.jsonl"
+    before = rec.stat().st_mtime_ns
+    runner.drop_cut_lines(rec)  # nothing to drop: the file is not rewritten
+    assert rec.stat().st_mtime_ns == before
+    text = rec.read_text()
+    rec.write_text(text.rstrip("\n"))  # whole records, the last one's newline lost: restored, nothing dropped
+    runner.drop_cut_lines(rec)
+    assert rec.read_text() == text
+    writes = []
+    real = runner.os.replace
+    monkeypatch.setattr(runner.os, "replace", lambda a, b: (writes.append(Path(b).name), real(a, b))[1])
+    run(RunConfig(str(tiny_task), "alone(max_new_tokens=1),alone(max_new_tokens=2)", "llama"), out, progress=False,
+        agent=agent)
+    assert writes == ["config.json"] and not list(out.glob(".*.tmp"))  # config.json replaced whole
+    (out / "config.json").write_text('{"config": ')  # cut short: refused, named, not a raw JSON traceback
+    with pytest.raises(ConfigError, match="config.json is not valid JSON"):
+        run(cfg, out, progress=False, agent=agent)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(ConfigError, match="is a file"):
+        run(cfg, afile, progress=False)  # before any model loads: agent=None would load "llama"
 
 
 def test_paired_statistics():

@@ -112,6 +112,48 @@ def test_inspect_png_without_chromium_is_refused_before_any_compute(monkeypatch,
     assert "chromium" in capsys.readouterr().err
 
 
+def test_inspect_refuses_bad_selectors_and_outputs_before_any_model(monkeypatch, capsys, tmp_path):
+    def no_load(args):
+        raise AssertionError("the model loaded before the selectors and --out were checked")
+
+    monkeypatch.setattr(commands, "_load_agent", no_load)
+    assert cli.main(["inspect", "--selectors", "cacheback,cacheback:probez=4"]) == 2
+    assert "did you mean 'probe'" in capsys.readouterr().err
+    assert cli.main(["inspect", "--ratio", "0.5"]) == 2
+    assert cli.main(["inspect", "--out", str(tmp_path / "no" / "such" / "page.html")]) == 2
+    assert "existing folder" in capsys.readouterr().err
+
+
+def test_agent_and_serve_arguments_are_checked_before_anything_loads(monkeypatch, capsys):
+    import pytest
+
+    import latentwire.agent
+    from latentwire.agent import Agent
+    from latentwire.errors import ConfigError, UnknownParameterError
+
+    monkeypatch.setattr(latentwire.agent, "load", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
+    with pytest.raises(UnknownParameterError, match="did you mean 'device'"):
+        Agent.from_pretrained("smollm2-135m", devcie="cpu")
+    for bad in (0, -5, True, 1.5):
+        with pytest.raises(ConfigError, match="context_window"):
+            Agent.from_pretrained("smollm2-135m", context_window=bad)
+    assert cli.main(["serve", "--senders", "0"]) == 2
+    assert cli.main(["serve", "--dtype", "fp64"]) == 2
+    assert "--senders must be" in capsys.readouterr().err
+
+
+def test_bench_report_refuses_a_compare_label_the_run_does_not_hold(tmp_path, capsys):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"config": {"protocols": {"text": {}, "fullcontext": {}}},
+                                                      "episodes": ["e"]}))
+    rows = [{"episode": "e", "protocol": p, "sender_seconds": [], "error": None} for p in ("text", "fullcontext")]
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert cli.main(["bench", "report", str(tmp_path), "--compare", "textt", "fullcontext"]) == 2
+    assert "unknown protocol label 'textt'; valid: fullcontext, text" in capsys.readouterr().err
+    assert not (tmp_path / "report.md").exists()
+
+
 def _tiny_agent(monkeypatch, asked=None):
     from latentwire.agent import Agent
     from latentwire.models import tiny_model, tiny_tokenizer

@@ -107,6 +107,18 @@ def test_bad_graph_state_and_bad_nodes_get_typed_errors(agents):
         fanin_node("text,fullkv", agents)
     with pytest.raises(ConfigError, match="not both"):
         fanin_node(SPEC, agents, transport=InProcessTransport())
+    for bad in (-1, True, 1.5):  # a byte bound is a whole number ≥ 0 (2e9 is one)
+        with pytest.raises(ConfigError, match="max_bytes"):
+            fanin_node(SPEC, agents, receiver="r", max_held_bytes=bad)
+    assert fanin_node(SPEC, agents, receiver="r", max_held_bytes=2e9).held.max_bytes == 2 * 10**9
+    with pytest.raises(UnknownNameError, match="valid: a, b, c, r"):  # at construction, not at the first step
+        fanin_node(SPEC, agents, receiver="zzz")
+    with pytest.raises(ConfigError, match="latentwire Agents"):
+        fanin_node(SPEC, {"a": "smollm2-135m"}, receiver="a")
+    with pytest.raises(ConfigError, match="mapping"):
+        node(["Q?"])
+    with pytest.raises(ConfigError, match="read handle of 'a' must be a string"):
+        node({"question": "Q?", "reads": {"a": ["x"]}})
     node({"question": "Q?", "documents": DOCS})
     node.release()  # dropped: a handle alone is refused again, with the way out
     with pytest.raises(ConfigError, match="put its document"):

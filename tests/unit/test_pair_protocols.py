@@ -183,3 +183,5 @@ def test_cli_train_and_bench_pair(agent_for, ckpt, tmp_path, monkeypatch, capsys
                      "--out", str(tmp_path / "bench")]) == 0
     printed = capsys.readouterr().out
     assert "| alone(max_new_tokens=2) | 1 | 0 |" in printed and "translated(checkpoint=" in printed
+    assert cli.main(["bench", "report", str(tmp_path / "bench")]) == 2  # a pair run has its own table
+    assert "bench pair" in capsys.readouterr().err

@@ -77,8 +77,13 @@ def test_environment_overrides_the_default_but_not_an_argument(monkeypatch):
     assert resolve("cpu").dtype == torch.float32 and "LATENTWIRE_DTYPE" in resolve("cpu").reason
     assert resolve("cpu", "bf16").dtype == torch.bfloat16
     monkeypatch.setenv("LATENTWIRE_DEVICE", "tpu")
-    with pytest.raises(DeviceError):
+    with pytest.raises(DeviceError, match=r"\$LATENTWIRE_DEVICE='tpu': unknown device"):  # names the variable
         resolve()
+    assert resolve("cpu").device == torch.device("cpu")  # a given device: the bad variable is not read
+    monkeypatch.setenv("LATENTWIRE_DTYPE", "fp64")
+    with pytest.raises(DeviceError, match=r"\$LATENTWIRE_DTYPE='fp64'"):
+        resolve("cpu")
+    assert resolve("cpu", "float32").dtype == torch.float32
 
 
 def test_models_command_shows_the_default_placement(capsys):

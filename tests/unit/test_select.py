@@ -232,3 +232,14 @@ def test_a_kvpress_selector_on_the_core_install_names_the_extra(finished, monkey
     with pytest.raises(MissingExtraError, match="kvpress"):
         get_protocol("cacheback", selector="snapkv")
     assert get_protocol("cacheback", selector="cacheback").selector == "cacheback"  # the core selectors still run
+
+
+def test_a_dense_encoder_path_that_holds_no_model_is_refused_when_built(tmp_path):
+    from latentwire.errors import ModelNotFoundError
+    from latentwire.protocols import get_protocol
+
+    for path in (tmp_path / "nothing", tmp_path):  # missing, and a folder without config.json
+        with pytest.raises(ModelNotFoundError, match="not a model folder"):
+            get_selector("dense", model=str(path))
+    with pytest.raises(ModelNotFoundError):  # through a protocol's selector_params too, before any run
+        get_protocol("cacheback", selector="dense", selector_params={"model": str(tmp_path / "nothing")})

@@ -10,7 +10,7 @@ from latentwire.bench.episode import Episode, Span, write_episodes
 from latentwire.bench.runner import RunConfig, run
 from latentwire.models import tiny_model, tiny_tokenizer
 from latentwire.protocols import get_protocol
-from latentwire.errors import UnknownNameError
+from latentwire.errors import ConfigError, UnknownNameError
 from latentwire.protocols.reads import HeldReads, read, shared_reads
 
 DOC, Q = "The blue crate holds 58 bolts. The red crate holds 12 nails.", "How many bolts?"
@@ -202,8 +202,9 @@ def test_held_reads_stay_within_their_bound_least_recently_used_first(agent_for)
     assert held.nbytes <= 3 * one and held.dropped >= 1
     with shared_reads(held):
         assert read(agent, DOC + " More words here.", 1, "rescale").held  # the recent one is kept
-    with pytest.raises(ValueError, match="max_bytes"):
-        HeldReads(max_bytes=-1)
+    for bad in (-1, True, 2.5, "1GB"):
+        with pytest.raises(ConfigError, match="max_bytes"):
+            HeldReads(max_bytes=bad)
 
 
 def test_question_time_tteoa_leaves_out_the_reads_a_holding_agent_has_done(agent_for):

@@ -122,6 +122,18 @@ def test_half_precision_round_trips(llama, rows, state, dtype):
     assert wire.decode(data).body.digest() == kv.digest()
 
 
+def test_a_bad_device_or_expect_is_refused_before_the_payload_is_read(llama):
+    from latentwire.errors import DeviceError
+
+    text = wire.encode("notes", protocol="text", sender_geometry=llama.geometry)
+    for device in ("bogus", "cuda:99" if torch.cuda.is_available() else "cuda"):
+        with pytest.raises(DeviceError, match="device"):
+            wire.decode(b"not a message", device=device)
+    with pytest.raises(ConfigError, match="expect"):  # text fits any receiver, yet a wrong `expect` is still named
+        wire.decode(text, expect="smollm2-135m")
+    assert wire.decode(text, expect=("m", "t"), device="cpu").body == "notes"
+
+
 def test_token_ids_round_trip_rebuilds_the_same_rows(llama, rows, kept):
     data = wire.encode(rows, protocol="cacheback", sender_geometry=llama.geometry, positions=kept,
                        encoding="token_ids")

@@ -5,7 +5,8 @@ import json
 import pytest
 
 from latentwire import cli
-from latentwire.errors import ModelFileError, ModelNotFoundError, ModelNotInstalledError, UnknownNameError
+from latentwire.errors import (ModelConversionError, ModelFileError, ModelNotFoundError, ModelNotInstalledError,
+                               UnknownNameError)
 from latentwire.models import ZOO, get_zoo_model, load, load_gguf
 from latentwire.models import zoo
 
@@ -23,6 +24,10 @@ def test_missing_folder_is_a_typed_error_not_a_hub_lookup(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelNotFoundError, match="has no config.json"):
         load(str(tmp_path / "empty"))
+    (tmp_path / "broken").mkdir()  # found, but transformers cannot build it: typed, not its raw ValueError
+    (tmp_path / "broken" / "config.json").write_text("{}")
+    with pytest.raises(ModelConversionError, match="was found but transformers .* cannot load it"):
+        load(str(tmp_path / "broken"))
 
 
 def test_unknown_name_goes_to_the_hub_and_offline_says_the_ways_out(monkeypatch):

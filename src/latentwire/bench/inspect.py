@@ -71,7 +71,14 @@ def sent_summary(state, rows: torch.Tensor, eligible: torch.Tensor) -> str:
             f"{total / max(1, n_doc):.2f}× ({total} ÷ {n_doc} document rows)")
 
 
+def inspect_protocols(selectors: list[str], ratio: float, latent_steps: int) -> dict[str, CacheBack]:
+    """Each selector's CacheBack variant (SELECTOR[@PRESET][+CALIBRATION][/sentence][:FIELD=VALUE], see
+    `CacheBack.variant`): a bad name or field is refused here, before any model loads or any sender reads."""
+    return {name: CacheBack.variant(name, ratio=ratio, latent_steps=latent_steps) for name in selectors}
+
+
 def inspect_episode(agent: Agent, ep: Episode, selectors: list[str], ratio: float, latent_steps: int) -> str:
+    protos = inspect_protocols(selectors, ratio, latent_steps)
     reader = CacheBack(latent_steps=latent_steps)
     cols = len(selectors)
     parts = [f"<!doctype html><meta charset=utf-8><title>{html.escape(ep.id)}</title><style>{_STYLE}</style>",
@@ -90,8 +97,7 @@ def inspect_episode(agent: Agent, ep: Episode, selectors: list[str], ratio: floa
         parts.append(f"<h3>sender {a}: T = {T} rows ({T - latent_steps} prompt, {n_doc} of them document, + "
                      f"{latent_steps} latent); budget B = ceil({T} / {ratio:g}) = {budget} document rows</h3>"
                      f"<div class=grid style='grid-template-columns:repeat({cols},1fr)'>")
-        for name in selectors:  # SELECTOR[@PRESET][+CALIBRATION][/sentence][:FIELD=VALUE], see CacheBack.variant
-            proto = CacheBack.variant(name, ratio=ratio, latent_steps=latent_steps)
+        for name, proto in protos.items():
             rows = proto.choose(agent, state, ep.question, eligible, proto.span_groups(per_row, doc), per_row, doc)
             text = isinstance(proto._selector, TextSelector)  # lexical, bm25, dense: kept units shaded alike
             scores = torch.ones(len(state), device=state.device) if text else proto.scores(agent, state, ep.question)

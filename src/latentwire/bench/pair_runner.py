@@ -48,9 +48,10 @@ def run_pairs(sharer_name: str, receiver_name: str, task: str, protocols: str, n
     config |= placement_record(device, dtype, receiver)
     out_dir = Path(out_dir)
     cfg_path, rec_path = out_dir / CONFIG, out_dir / RECORDS
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir} is a file; give a folder")
     first = check_resume(cfg_path, config, _KEYS, rec_path)
-    drop_cut_lines(rec_path)
-    done = finished(rec_path, "pair")
+    done = finished(rec_path, "pair")  # a line cut short by a crash does not count
     if not all((p.id, label) in done for label in built for p in todo_pairs):  # models load before anything is written
         load = lambda name: Agent.from_pretrained(name, device=config["device"], dtype=config["dtype"])  # noqa: E731
         sharer = sharer or load(sharer_name)
@@ -58,6 +59,7 @@ def run_pairs(sharer_name: str, receiver_name: str, task: str, protocols: str, n
     if progress:
         print(describe_protocols(built), flush=True)
     with run_folder(out_dir, cfg_path, rec_path):
+        drop_cut_lines(rec_path)  # under the run's lock
         run_id = write_config(cfg_path, first, config, {"pairs": [p.id for p in todo_pairs]})["run"]
         with rec_path.open("a", encoding="utf-8") as f:
             for label, protocol in built.items():

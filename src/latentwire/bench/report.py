@@ -226,6 +226,9 @@ def write_report(run_dir: str | Path, pairs: list[tuple[str, str]] | None = None
     matplotlib.use("Agg")
     run_dir = Path(run_dir)
     config, records = read_run(run_dir)
+    if "pairs" in config:  # `bench pair` writes its own table
+        raise LatentWireError(f"{run_dir} holds a `bench pair` run (sharer → receiver pairs), not a fan-in run: its "
+                              "table is printed by `latentwire bench pair` (bench.pair_runner.format_table)")
     if not records:
         raise LatentWireError(f"{run_dir}/records.jsonl has no records yet")
     cfg = config["config"]

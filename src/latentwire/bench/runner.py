@@ -11,6 +11,7 @@ that fails before its first record leaves no folder or config.json behind.
 from __future__ import annotations
 
 import ast
+import fcntl
 import json
 import os
 import platform
@@ -38,33 +39,56 @@ _SPEC = re.compile(r"^\s*([\w.-]+)\s*(?:\((.*)\))?\s*$")
 
 
 def parse_protocols(text: str) -> dict[str, tuple[str, dict]]:
-    """'text,fullkv(latent_steps=8)' -> {label: (name, params)}; values are Python literals."""
+    """'text,fullkv(latent_steps=8)' -> {label: (name, params)}; values are Python literals. ConfigError for anything
+    it cannot read whole: unbalanced parentheses, a call of a call, a parameter or a protocol given twice."""
     out, depth, cur = {}, 0, ""
     for ch in text + ",":
         if ch == "," and depth == 0:
             if cur.strip():
-                m = _SPEC.match(cur)
-                if not m:
-                    raise ConfigError(f"bad protocol spec {cur!r}; want name or name(key=value, ...)")
-                name, args = m.group(1), m.group(2)
-                params = {}
-                if args and args.strip():
-                    try:
-                        call = ast.parse(f"f({args})", mode="eval").body
-                        if call.args or any(kw.arg is None for kw in call.keywords):
-                            raise ConfigError(f"protocol spec {cur.strip()!r}: parameters must be key=value")
-                        params = {kw.arg: ast.literal_eval(kw.value) for kw in call.keywords}
-                    except (SyntaxError, ValueError) as e:
-                        if isinstance(e, ConfigError):
-                            raise
-                        raise ConfigError(f"protocol spec {cur.strip()!r}: {e}") from e
-                label = name if not params else f"{name}({', '.join(f'{k}={v!r}' for k, v in params.items())})"
-                out[label] = (name, params)
+                label, spec = _parse_one(cur.strip())
+                if label in out:
+                    raise ConfigError(f"protocol {label!r} is given twice in {text!r}")
+                out[label] = spec
             cur = ""
             continue
         depth += (ch == "(") - (ch == ")")
+        if depth < 0:
+            raise ConfigError(f"bad protocol spec {(cur + ch).strip()!r}: a ')' closes nothing")
         cur += ch
+    if depth:  # the loop's closing "," went into the open spec: leave it out of the message
+        raise ConfigError(f"bad protocol spec {cur[:-1].strip()!r}: a '(' is never closed")
+    if not out:
+        raise ConfigError(f"no protocol in {text!r}; want e.g. 'text,cacheback(ratio=8)'")
     return out
+
+
+def _parse_one(spec: str) -> tuple[str, tuple[str, dict]]:
+    """'name(key=value, ...)' -> (label, (name, params))."""
+    m = _SPEC.match(spec)
+    if not m:
+        raise ConfigError(f"bad protocol spec {spec!r}; want name or name(key=value, ...)")
+    name, args = m.group(1), m.group(2)
+    params = {}
+    if args and args.strip():
+        try:
+            call = ast.parse(f"f({args})", mode="eval").body
+        except SyntaxError as e:
+            raise ConfigError(f"protocol spec {spec!r}: {e.msg}") from e
+        if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)):
+            raise ConfigError(f"bad protocol spec {spec!r}; want name or name(key=value, ...)")
+        if call.args or any(kw.arg is None for kw in call.keywords):
+            raise ConfigError(f"protocol spec {spec!r}: parameters must be key=value")
+        names = [kw.arg for kw in call.keywords]
+        if twice := sorted({k for k in names if names.count(k) > 1}):
+            raise ConfigError(f"protocol spec {spec!r}: {', '.join(twice)} given twice")
+        for kw in call.keywords:
+            try:
+                params[kw.arg] = ast.literal_eval(kw.value)
+            except ValueError as e:
+                raise ConfigError(f"protocol spec {spec!r}: {kw.arg}={ast.unparse(kw.value)} is not a Python literal "
+                                  "(a number, string, bool, None, list, tuple or dict; quote strings)") from e
+    label = name if not params else f"{name}({', '.join(f'{k}={v!r}' for k, v in params.items())})"
+    return label, (name, params)
 
 
 @dataclass
@@ -101,10 +125,16 @@ def parse_filters(items: list[str], what: str = "filter") -> dict:
         if not eq or not key:
             raise ConfigError(f"bad {what} {item!r}; want KEY=VALUE")
         try:
-            filters[key] = json.loads(value)
+            filters[key] = json.loads(value, parse_constant=_no_constant)
         except json.JSONDecodeError:
             filters[key] = value
+        except ValueError as e:
+            raise ConfigError(f"bad {what} {item!r}: {e}") from e
     return filters
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a finite number")
 
 
 def select_episodes(episodes: list[Episode], n: int | None, seed: int, filters: dict) -> list[Episode]:
@@ -217,14 +247,16 @@ def run(config: RunConfig, out_dir: str | Path, progress: bool = True, agent: Ag
     episodes = select_episodes(load_task_episodes(config.task), config.n, config.seed, config.filters)
     if not episodes:
         raise ConfigError(f"no episode of task {config.task!r} matches the filters {config.filters}")
-    drop_cut_lines(rec_path)
-    done = finished(rec_path, "episode")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir} is a file; give a folder")
+    done = finished(rec_path, "episode")  # a line cut short by a crash does not count
     todo = [e for e in episodes if any((e.id, label) not in done for label in protocols)]
     if todo and agent is None:
         agent = Agent.from_pretrained(config.model, device=resolved["device"], dtype=resolved["dtype"])
     if progress:
         print(describe_protocols(protocols), flush=True)
     with run_folder(out_dir, cfg_path, rec_path):
+        drop_cut_lines(rec_path)  # under the run's lock: no other run appends meanwhile
         run_id = write_config(cfg_path, first, resolved, {"episodes": [e.id for e in episodes]})["run"]
         with rec_path.open("a", encoding="utf-8") as f:
             # Episode by episode: inside one episode every protocol shares each sender's read (`shared_reads`).
@@ -252,14 +284,37 @@ def describe_protocols(protocols: dict) -> str:
     return "\n".join(lines)
 
 
+LOCK = ".lock"  # held by the run writing a folder (`run_lock`); removed when it ends
+
+
+@contextmanager
+def run_lock(out_dir: Path) -> Iterator[None]:
+    """Hold `out_dir` for one run: ConfigError, before anything is written, if another process is writing it (two
+    runs appending to one records file would lose and duplicate records). The lock file goes when the run ends."""
+    path = out_dir / LOCK
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when the file closes
+        except BlockingIOError:
+            f.seek(0)
+            raise ConfigError(f"{out_dir} is being written by another run (pid {f.read().strip() or '?'}); wait for "
+                              "it to end, or use another --out") from None
+        f.seek(0), f.truncate(), f.write(str(os.getpid())), f.flush()
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+
+
 @contextmanager
 def run_folder(out_dir: Path, *files: Path) -> Iterator[Path]:
-    """Create `out_dir` for a run. If the run fails before its first record (the last of `files`, the records
-    file, is missing or empty), the files and folder this run created are removed again."""
+    """Create `out_dir` for a run and hold it (`run_lock`). If the run fails before its first record (the last of
+    `files`, the records file, is missing or empty), the files and folder this run created are removed again."""
     created = [p for p in (out_dir, *files) if not p.exists()]
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        yield out_dir
+        with run_lock(out_dir):
+            yield out_dir
     except BaseException:
         records = files[-1] if files else None
         if records is None or not records.exists() or records.stat().st_size == 0:
@@ -277,7 +332,11 @@ def check_resume(cfg_path: Path, resolved: dict, keys: tuple[str, ...], rec_path
     its config is ignored (and overwritten), so a corrected command can reuse the folder."""
     rec_path = cfg_path.parent / "records.jsonl" if rec_path is None else rec_path
     has_records = rec_path.exists() and rec_path.stat().st_size > 0
-    first = json.loads(cfg_path.read_text()) if cfg_path.exists() and has_records else None
+    try:
+        first = json.loads(cfg_path.read_text()) if cfg_path.exists() and has_records else None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{cfg_path} is not valid JSON ({e}) beside {rec_path.name}: the folder's run cannot be "
+                          "resumed safely; use a new --out") from e
     if first and {k: first["config"].get(k) for k in keys} != {k: resolved[k] for k in keys}:
         differ = "; ".join(f"{k}: {first['config'].get(k)!r} there, {resolved[k]!r} now" for k in keys
                            if first["config"].get(k) != resolved[k])
@@ -295,16 +354,28 @@ def write_config(cfg_path: Path, first: dict | None, resolved: dict, listing: di
     else:
         record = first | {"resumed": first.get("resumed", []) + [env]}
         record["config"]["protocols"] = first["config"]["protocols"] | resolved["protocols"]
-    cfg_path.write_text(json.dumps(record | listing, indent=2) + "\n")
+    replace_text(cfg_path, json.dumps(record | listing, indent=2) + "\n")
     return env
 
 
+def replace_text(path: Path, text: str) -> None:
+    """Write `path` whole or not at all: a temporary file beside it, then renamed over it (a crash or a full disk
+    midway leaves the old file as it was)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def drop_cut_lines(rec_path: Path) -> None:
-    """Rewrite a records file without a last line cut short by a crash (before a run appends to it again)."""
+    """Rewrite a records file without a last line cut short by a crash (before a run appends to it again); a file
+    with nothing to drop is left untouched."""
     if not rec_path.exists():
         return
-    good = [line for line in rec_path.read_text(encoding="utf-8").splitlines() if _parses(line)]
-    rec_path.write_text("".join(line + "\n" for line in good), encoding="utf-8")
+    text = rec_path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    good = [line for line in lines if _parses(line)]
+    if len(good) < len(lines) or (text and not text.endswith("\n")):
+        replace_text(rec_path, "".join(line + "\n" for line in good))
 
 
 def finished(rec_path: Path, key: str) -> set[tuple[str, str]]:

@@ -110,9 +110,14 @@ def _demo_ray(args) -> int:
 def _serve(args) -> int:
     from transformers.utils import logging as hf_logging
 
+    from ..errors import ConfigError
+    from ..placement import resolve
     from ..transport import AgentSpec
     from ..transport.demo import serve
 
+    if args.senders < 1:
+        raise ConfigError(f"--senders must be ≥ 1, got {args.senders}")
+    resolve(args.device, args.dtype)  # a bad placement: refused before Ray starts
     hf_logging.disable_progress_bar()
     return serve(AgentSpec.pretrained(args.model, device=args.device, dtype=args.dtype), args.senders, address=args.address, num_cpus=args.num_cpus)
 
@@ -146,8 +151,14 @@ def error_summary(records: Path) -> str:
 
 
 def _bench_report(args) -> int:
-    from ..bench.report import write_report
+    from ..bench.report import read_run, write_report
+    from ..errors import UnknownNameError
 
+    if args.compare:  # a mistyped label would draw no verdict, silently
+        labels = sorted({r["protocol"] for r in read_run(args.run_dir)[1]})
+        for label in (x for pair in args.compare for x in pair):
+            if label not in labels:
+                raise UnknownNameError("protocol label", label, labels)
     path = write_report(args.run_dir, [tuple(c) for c in args.compare] if args.compare else None)
     print(path.read_text())
     print(f"wrote {path} and PNGs beside it")
@@ -191,10 +202,14 @@ def _train(args) -> int:
 
 
 def _inspect(args) -> int:
-    from ..bench.inspect import chromium, inspect_episode, screenshot
+    from ..bench.inspect import chromium, inspect_episode, inspect_protocols, screenshot
     from ..bench.runner import load_task_episodes
-    from ..errors import UnknownNameError
+    from ..errors import ConfigError, UnknownNameError
 
+    inspect_protocols(args.selectors.split(","), args.ratio, args.latent_steps)  # bad selectors: before any model
+    out = Path(args.out)
+    if out.is_dir() or not out.parent.is_dir():
+        raise ConfigError(f"--out {out}: want a file in an existing folder")
     if args.png:
         chromium()  # refused before any model loads or any episode is computed
     episodes = {e.id: e for e in load_task_episodes(args.task)}
@@ -205,7 +220,6 @@ def _inspect(args) -> int:
         raise UnknownNameError("episode", args.episode, list(episodes)[:20] + ["..."])
     agent = _load_agent(args)
     page = inspect_episode(agent, episodes[args.episode], args.selectors.split(","), args.ratio, args.latent_steps)
-    out = Path(args.out)
     out.write_text(page, encoding="utf-8")
     print(f"wrote {out}")
     if args.png:

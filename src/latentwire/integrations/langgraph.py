@@ -87,6 +87,12 @@ class FaninNode:
             raise ConfigError("a fan-in node needs agents (name -> Agent) or a transport whose nodes hold them")
         if self.transport is not None and self.agents:
             raise ConfigError("give agents or a transport, not both: through a transport the agents live on its nodes")
+        if not isinstance(self.agents, Mapping) or any(not isinstance(a, Agent) for a in self.agents.values()):
+            raise ConfigError("agents must map names to latentwire Agents (Agent.from_pretrained(...)), got "
+                              f"{type(self.agents).__name__}" + (f" of {sorted({type(a).__name__ for a in self.agents.values()})}"
+                                                                 if isinstance(self.agents, Mapping) else ""))
+        if self.receiver is not None and self.transport is None and self.receiver not in self.agents:
+            raise UnknownNameError("receiver agent", str(self.receiver), tuple(self.agents))
         self.held = HeldReads(self.max_held_bytes)
 
     # -- the node ---------------------------------------------------------------------------------
@@ -125,6 +131,8 @@ class FaninNode:
 
     # -- helpers ----------------------------------------------------------------------------------
     def _inputs(self, state: Mapping[str, Any]) -> tuple[str, list[str], list[str], str]:
+        if not isinstance(state, Mapping):
+            raise ConfigError(f"graph state must be a mapping (question, documents, reads), got {type(state).__name__}")
         question = state.get("question")
         if not isinstance(question, str) or not question.strip():
             raise ConfigError("graph state needs 'question': a non-empty string")
@@ -141,6 +149,9 @@ class FaninNode:
                 if not isinstance(documents[s], str):
                     raise ConfigError(f"document of {s!r} must be a string, got {type(documents[s]).__name__}")
                 texts.append(documents[s])
+            elif not isinstance(reads[s], str):
+                raise ConfigError(f"read handle of {s!r} must be a string (as this node returned it), got "
+                                  f"{type(reads[s]).__name__}")
             elif reads[s] in self._documents:
                 texts.append(self._documents[reads[s]])
             else:

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ModelFileError, ModelNotFoundError, ModelNotInstalledError, UnknownNameError
+from ..errors import (LatentWireError, ModelConversionError, ModelFileError, ModelNotFoundError, ModelNotInstalledError,
+                      UnknownNameError)
 from ..placement import resolve
 from .convert import CACHE_VERSION as _CACHE_VERSION, MARKER as _MARKER, dequantise, write_cache
 
@@ -344,4 +345,17 @@ def load(name_or_path: str = DEFAULT_MODEL, dtype: str | torch.dtype | None = No
             f"hub id ({'offline: not in the local HF cache' if local else 'no such repository or no access'}: "
             f"{str(e).splitlines()[0][:200]}). Ways out: a bundled name ({', '.join(ZOO)}), a local Hugging Face "
             f"folder, or network access to the hub (HF_TOKEN for gated models).") from e
+    except (ValueError, KeyError) as e:  # found, but transformers cannot build it: unknown model_type, bad tokenizer
+        if isinstance(e, LatentWireError):
+            raise
+        raise ModelConversionError(
+            f"model {name_or_path!r} ({source}) was found but transformers {_transformers_version()} cannot load it: "
+            f"{str(e).splitlines()[0][:200] if str(e) else type(e).__name__}. Check its config.json (model_type) "
+            f"and tokenizer files, or upgrade transformers.") from e
     return model.to(place.device).eval(), tokenizer, name
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__

@@ -17,6 +17,7 @@ import torch
 from ..agent import KV_PROMPT, LATENT_MODES, MESSAGE_PROMPT, Agent
 from ..blend import check_blend, recompute_count
 from ..errors import ConfigError, ContextOverflowError, UnknownNameError
+from ..registry import construct
 from ..message import Rows
 from ..select import (SELECTORS, SPAN, TextSelector, always_kept, check_sentence_options, context_rows,
                       fanin_budget, mass_budget, fused_row_scores, get_selector, select_rows, span_units,
@@ -204,7 +205,7 @@ class CacheBack(Protocol):
     @classmethod
     def variant(cls, spec: str, **fields) -> "CacheBack":
         """A CacheBack from a short variant name (`variants.py`): "cacheback@deep+generic/sentence:probe=16"."""
-        return cls(**variant_fields(spec, **fields))
+        return construct("protocol", cls.name, cls, **variant_fields(spec, **fields))  # typed errors, as get_protocol
 
     def __getstate__(self):  # picklable (protocols travel to Ray actors): the background cache stays behind
         state = self.__dict__.copy()

@@ -109,6 +109,11 @@ class CacheBackX(CacheBack):
                              "LatentMap) and 'spans' takes none")
         if not isinstance(self.latent_map, (str, Path, LatentMap, type(None))):
             raise ConfigError(f"latent_map: want a folder or a LatentMap, got {type(self.latent_map).__name__}")
+        if isinstance(self.latent_map, (str, Path)):  # a missing or foreign folder: refused now, not per question
+            mode = LatentMap.read_header(self.latent_map).get("latent_mode")
+            if mode != self.latent_mode:
+                raise ConfigError(f"latent map {self.latent_map} was fitted on {mode!r} latent rows; this protocol's "
+                                  f"senders think with latent_mode={self.latent_mode!r}")
         if (self.delivery == "translated") != (self.translator is not None):
             raise ConfigError("delivery 'translated' needs translator= (a dense translator checkpoint folder, or the "
                              "translator) and the other deliveries take none")

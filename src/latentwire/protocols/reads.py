@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from ..agent import Agent, Answer
-from ..errors import HeldMemoryError
+from ..errors import ConfigError, HeldMemoryError
 from ..state import KVState
 
 _MEMO: ContextVar[dict | None] = ContextVar("latentwire_shared_reads", default=None)
@@ -64,9 +64,10 @@ class HeldReads:
     """
 
     def __init__(self, max_bytes: int = 4 * 2**30):
-        if not isinstance(max_bytes, int) or max_bytes < 0:
-            raise ValueError(f"max_bytes must be an int ≥ 0, got {max_bytes!r}")
-        self.max_bytes = max_bytes
+        whole = isinstance(max_bytes, int) or isinstance(max_bytes, float) and max_bytes.is_integer()  # 2e9 is fine
+        if isinstance(max_bytes, bool) or not whole or max_bytes < 0:
+            raise ConfigError(f"max_bytes must be a whole number of bytes ≥ 0, got {max_bytes!r}")
+        self.max_bytes = int(max_bytes)
         self.memo: dict = {}
         self.block = 0  # increments at each `shared_reads(self)`: entries from an earlier block are held
         self.born: dict = {}  # memo key -> block that computed it

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ast
 
-from ..errors import UnknownNameError
+from ..errors import ConfigError, UnknownNameError
 
 # Named CacheBack scoring settings. "deep": mean query attention (p = 0) read on the deeper half of the layers only;
 # with generic calibration it is contrastive CacheBack (docs/methods.md).
@@ -23,7 +23,7 @@ def spec_fields(items: list[str]) -> dict:
     for item in items:
         key, eq, value = item.partition("=")
         if not (eq and key.isidentifier()):
-            raise ValueError(f"variant field {item!r}: expected FIELD=VALUE, e.g. probe=16")
+            raise ConfigError(f"variant field {item!r}: expected FIELD=VALUE, e.g. probe=16")
         try:
             fields[key] = ast.literal_eval(value)
         except (ValueError, SyntaxError):

@@ -127,8 +127,8 @@ def fused_row_scores(rank_lists: list[torch.Tensor], units: list, n_rows: int, k
 
 def fanin_budget(T: int, ratio: float) -> int:
     """B = ceil(T / r)."""
-    if ratio < 1:
-        raise ValueError(f"compression ratio must be ≥ 1, got {ratio}")
+    if not (1 <= ratio < math.inf):  # NaN fails it too
+        raise ConfigError(f"compression ratio must be a finite number ≥ 1, got {ratio}")
     return math.ceil(T / ratio)
 
 

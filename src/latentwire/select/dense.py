@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError, MissingExtraError, UnknownNameError
+from ..errors import ConfigError, MissingExtraError, ModelNotFoundError, UnknownNameError
 from ..placement import HOST
 from .base import TextSelector, register
 
@@ -51,6 +51,11 @@ def encoder(source: str):
         with HOST:  # whatever default device the caller set
             model, info = AutoModel.from_pretrained(source, dtype=torch.float32, output_loading_info=True,
                                                     ignore_mismatched_sizes=True)  # reported below, not raised
+            tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError, KeyError) as e:  # no such folder or repository, or nothing transformers can build
+        raise ModelNotFoundError(f"the dense selector's encoder {source!r} could not be loaded "
+                                 f"({str(e).splitlines()[0][:200] if str(e) else type(e).__name__}); give a packaged "
+                                 f"name ({', '.join(PACKAGED)}), a local encoder folder or a hub id") from e
     finally:
         hf_logging.set_verbosity(level)
     missing = [k for k in info.get("missing_keys") or [] if not k.startswith("pooler.")]  # the pooler goes unused
@@ -58,7 +63,7 @@ def encoder(source: str):
     if bad:
         raise ConfigError(f"the dense selector's encoder at {source!r} lacks {len(bad)} weight(s) it needs "
                           f"(e.g. {', '.join(bad[:3])}): a partial or foreign checkpoint, not a sentence encoder")
-    return AutoTokenizer.from_pretrained(source), model.eval()
+    return tokenizer, model.eval()
 
 
 @torch.inference_mode()
@@ -98,6 +103,12 @@ class DenseSelector(TextSelector):
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be ≥ 1, got {self.batch_size}")
         model_source(self.model)  # a missing extra fails here, before any run
+        local = Path(self.model).expanduser()
+        if self.model not in PACKAGED and (local.exists() or self.model.startswith(("/", ".", "~"))) \
+                and not (local / "config.json").is_file():  # a path (a hub id is "org/name"): checked now
+            raise ModelNotFoundError(f"the dense selector's encoder {self.model!r} is not a model folder (no "
+                                     f"config.json there); give a packaged name ({', '.join(PACKAGED)}), a local "
+                                     "encoder folder or a hub id")
 
     def prepare(self) -> None:
         encoder(model_source(self.model))

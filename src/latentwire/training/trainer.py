@@ -29,6 +29,7 @@ import torch
 from ..agent import Agent
 from ..bench.tasks.pairs import PAIR_TASKS, Pair, check_disjoint, pairs
 from ..errors import ConfigError, UnknownNameError
+from ..registry import construct
 from ..translate import TRANSLATORS, build, load
 from ..translate.base import read_header
 from ..translate.compose import compose
@@ -80,8 +81,8 @@ class TrainConfig:
                 raise ConfigError(f"{name} must be ≥ 1, got {getattr(self, name)}")
         if self.stage1_steps < 0 or (self.stage1_steps and self.method != "dense"):
             raise ConfigError("stage1_steps (reconstruction pre-training) applies to the dense method only")
-        if not self.lr > 0:
-            raise ConfigError(f"lr must be > 0, got {self.lr}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise ConfigError(f"lr must be a finite number > 0, got {self.lr}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise UnknownNameError("learning-rate schedule", self.lr_schedule, LR_SCHEDULES)
         if not isinstance(self.context_aware, bool) or (self.context_aware and self.method != "dense"):
@@ -91,6 +92,7 @@ class TrainConfig:
             raise UnknownNameError("sharer documents", self.sharer_docs, SHARER_DOCS)
         if "context_aware" in self.params:
             raise ConfigError("set the dense mode with TrainConfig(context_aware=...), not in params")
+        construct("translator", self.method, TRANSLATORS[self.method].Config, **self.params)  # before any model loads
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self) | {"tasks": list(self.tasks)}

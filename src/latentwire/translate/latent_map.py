@@ -151,18 +151,25 @@ class LatentMap:
         (folder / (CONFIG + ".tmp")).replace(folder / CONFIG)
         return folder
 
-    @classmethod
-    def load(cls, folder: str | Path, device: torch.device | str | None = None, expect=None) -> "LatentMap":
-        """A map from `save`'s folder, its tensors on `device` (None: the host). `expect`: (sender, receiver)
-        to check it against (see `check`), so a map for another pair is refused before it is used."""
+    @staticmethod
+    def read_header(folder: str | Path) -> dict:
+        """The header of `save`'s folder, its format checked (StateFormatError naming the file otherwise): what a
+        protocol reads when it is built, before it loads the map's weights at its first question."""
         path = Path(folder) / CONFIG
         try:
             header = json.loads(path.read_text())
-        except FileNotFoundError as e:
+        except (FileNotFoundError, NotADirectoryError) as e:
             raise StateFormatError(f"{path}: no latent map here (missing {CONFIG})") from e
         except json.JSONDecodeError as e:
             raise StateFormatError(f"{path}: not JSON ({e})") from e
         check_format(header, FORMAT, VERSION)
+        return header
+
+    @classmethod
+    def load(cls, folder: str | Path, device: torch.device | str | None = None, expect=None) -> "LatentMap":
+        """A map from `save`'s folder, its tensors on `device` (None: the host). `expect`: (sender, receiver)
+        to check it against (see `check`), so a map for another pair is refused before it is used."""
+        header = cls.read_header(folder)
         try:
             tensors = safetensors.torch.load_file(Path(folder) / WEIGHTS)  # on the host
             out = cls(Geometry.from_json(header["sender"]), Geometry.from_json(header["receiver"]),

@@ -15,6 +15,7 @@ import torch
 from ..errors import ConfigError, GeometryMismatchError, LatentWireError, StateFormatError
 from ..merge.fragments import FragmentSet
 from ..message import Rows, Spans
+from ..placement import parse_device
 from ..state import Geometry, KVState, LayerKV, canonical_json
 from .encoder import Message
 from .schema import (_HEX, ENCODING_VERSIONS, FIELDS, FORMAT, MAX_HEADER_BYTES, VERSION, Body, Selection, TokenRows,
@@ -33,6 +34,10 @@ def decode(data: bytes, *, expect: Geometry | tuple[str, str] | None = None, ver
     device: where the body's tensors go (the receiving model's device); None keeps them on the host,
       where they are decoded and checked.
     """
+    device = None if device is None else parse_device(device)  # DeviceError before any byte is read
+    if expect is not None and not isinstance(expect, Geometry) and not (
+            isinstance(expect, tuple) and len(expect) == 2 and all(isinstance(x, str) for x in expect)):
+        raise ConfigError(f"expect: want the receiver's Geometry or (model, tokenizer), got {type(expect).__name__}")
     trusted = None if verify is None else trusted_keys(verify)
     if require_signature is None:
         require_signature = trusted is not None
@@ -56,7 +61,7 @@ def decode(data: bytes, *, expect: Geometry | tuple[str, str] | None = None, ver
     _check_tensors(kind, tensors, sender, header["dtype"], positions)
     body = _BODY[kind](tensors, sender)
     if device is not None:
-        body = _to_device(body, torch.device(device))
+        body = _to_device(body, device)
     sel = header["selection"]
     msg = Message(body, header["protocol"], sender, kind, positions,
                   None if sel is None else Selection(sel["method"], sel["budget"], sel["ratio"]),
