@@ -42,7 +42,7 @@ from latent_vs_text import cell_episodes, commands, ensure_episodes, log_command
 
 from latentwire.agent import Agent  # noqa: E402
 from latentwire.bench.report import compare, verdict_table  # noqa: E402
-from latentwire.bench.runner import drop_cut_lines, environment, finished, hardware, run_episode  # noqa: E402
+from latentwire.bench.runner import drop_cut_lines, environment, finished, hardware, jsonl_lines, run_episode  # noqa: E402
 from latentwire.errors import LatentWireError  # noqa: E402
 from latentwire.protocols import get_protocol  # noqa: E402
 from latentwire.protocols.cacheback_x import CacheBackX  # noqa: E402
@@ -222,7 +222,7 @@ def how_pairs_ran(config: dict, records: list[dict], pairs, ratios) -> list[str]
 
 
 def report(folder: Path, pairs, ratios, cmds: list[str]) -> str:
-    records = [json.loads(l) for l in (folder / "records.jsonl").read_text().splitlines() if l.strip()]
+    records = [json.loads(l) for l in jsonl_lines((folder / "records.jsonl").read_text(encoding="utf-8"))]
     labels = list(dict.fromkeys(r["protocol"] for r in records))
     lines = [f"# Cross-model CacheBack: {folder.name}", "", "Commands: " + "; ".join(f"`{c}`" for c in cmds), "",
              "| protocol | n | errors | accuracy | evidence recall | median bytes | median TTEOA s "
@@ -354,8 +354,11 @@ def main() -> None:
     args = parse_args()
     tasks, pairs, ratios, steps = parsed_lists(args)
     rows = plan(pairs, ratios, args.latent_maps, args.translators, steps)
-    protocols = {label: get_protocol(spec["name"], **{k: v for k, v in spec.items() if k != "name"})
-                 for label, _, _, spec in rows}  # every spec validated before any model loads
+    try:  # every spec validated before any model loads (a latent map's folder and latent mode among them)
+        protocols = {label: get_protocol(spec["name"], **{k: v for k, v in spec.items() if k != "name"})
+                     for label, _, _, spec in rows}
+    except LatentWireError as e:
+        sys.exit(f"{type(e).__name__}: {e}")
     agents = {m: Agent.from_pretrained(m, dtype=args.dtype) for m in dict.fromkeys(x for p in pairs for x in p)}
     maps = check_maps(rows, agents)  # a map of another pair or latent mode stops the run before any episode
     trained = check_translators(rows, agents)  # so does a translator of another pair or context mode

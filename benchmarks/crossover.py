@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from latentwire.agent import KV_PROMPT, Agent
-from latentwire.bench.runner import environment
+from latentwire.bench.runner import environment, jsonl_lines
 from latentwire.bench.tasks import facts
 from latentwire.protocols.base import SENDER_PROMPT
 from latentwire.protocols.cacheback import CacheBack
@@ -139,7 +139,7 @@ def report_lengths(model_name: str) -> list[int]:
         cfg = rec.parent / "config.json"
         if not cfg.exists() or json.loads(cfg.read_text())["config"].get("model") != model_name:
             continue
-        for line in rec.read_text().splitlines():
+        for line in jsonl_lines(rec.read_text(encoding="utf-8")):
             r = json.loads(line)
             if r["protocol"].startswith("text") and r.get("details", {}).get("report_tokens"):
                 out += r["details"]["report_tokens"]

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import stored_states as ss  # noqa: E402
 
 from latentwire.agent import Agent  # noqa: E402
+from latentwire.bench.episode import jsonl_lines  # noqa: E402
 from latentwire.bench.metrics import answer_scores  # noqa: E402
 from latentwire.bench.report import compare, with_holm  # noqa: E402
 from latentwire.message import Rows  # noqa: E402
@@ -131,7 +132,7 @@ def main() -> None:
     cb = get_protocol("cacheback", ratio=args.ratio, mass=args.mass, encoding="kv")
     selection = f"cacheback(ratio={args.ratio:g}, mass={args.mass:g})"  # the rows every variant delivers
     path = folder / "records.jsonl"
-    records = [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+    records = [json.loads(x) for x in jsonl_lines(path.read_text(encoding="utf-8"))] if path.exists() else []
     dtype = str(agent.dtype).removeprefix("torch.")
     if any(r["dtype"] != dtype or r["selection"] != selection for r in records):
         sys.exit(f"{path} holds records of another dtype or selection; use another --out")

@@ -35,8 +35,8 @@ from latentwire.bench.episode import load_episodes, span_token_positions  # noqa
 from latentwire.bench.metrics import bootstrap_ci, evidence_recall, paired_bootstrap_diff  # noqa: E402
 from latentwire.bench.report import compare, read_run, verdict, with_holm, write_report  # noqa: E402
 from latentwire.bench.report import PAIRING_NOTE, VERDICT_HEADER  # noqa: E402
-from latentwire.bench.runner import (RunConfig, check_resume, drop_cut_lines, finished, hardware, run_episode,  # noqa: E402
-                                     run_lock, write_config)
+from latentwire.bench.runner import (RunConfig, check_resume, drop_cut_lines, finished, hardware, jsonl_lines,  # noqa: E402
+                                     run_episode, run_lock, write_config)
 from latentwire.protocols import get_protocol  # noqa: E402
 from latentwire.protocols.reads import shared_reads  # noqa: E402
 from latentwire.bench.tasks import TASKS  # noqa: E402
@@ -154,7 +154,7 @@ def read_recall(path: Path, repair: bool = False) -> list[dict]:
     if not path.exists():
         return []
     rows, good = [], []
-    for line in path.read_text().splitlines():
+    for line in jsonl_lines(path.read_text(encoding="utf-8")):
         try:
             rows.append(json.loads(line))
             good.append(line)
@@ -365,12 +365,12 @@ def main() -> None:
         if not args.report_only:
             folder.mkdir(parents=True, exist_ok=True)
             episodes = episodes_for(cell, args.n, args.seed)
-            ensure_episodes(folder / "episodes.jsonl", episodes)
-            log_command(folder, cmd)
             if agent is None:
                 agent = Agent.from_pretrained(args.model, dtype=args.dtype)
             print(f"== {cell}: {args.n} episodes, {len(PROTOCOLS)} protocols -> {folder}", flush=True)
             with run_lock(folder):  # one run per folder: a second would duplicate and lose records
+                ensure_episodes(folder / "episodes.jsonl", episodes)
+                log_command(folder, cmd)
                 run_cell(agent, folder, episodes, args.model, not args.skip_recall, args.upto)
         if has_records(folder):
             config, _ = read_run(folder)

@@ -17,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rival import CB8, CBD8, CBDF8, CBP8, CELLS  # noqa: E402
 
+from latentwire.bench.episode import jsonl_lines  # noqa: E402
 from latentwire.bench.metrics import paired_bootstrap_diff  # noqa: E402
 
 
@@ -29,7 +30,7 @@ def main() -> None:
         if not path.exists():
             continue
         recall: dict[str, dict[str, float]] = {}
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for line in jsonl_lines(path.read_text(encoding="utf-8")):
             r = json.loads(line)
             if r.get("evidence_recall") is not None:
                 recall.setdefault(r["protocol"], {})[r["episode"]] = r["evidence_recall"]

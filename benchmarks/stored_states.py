@@ -364,13 +364,13 @@ def main() -> None:
             folder.mkdir(parents=True, exist_ok=True)
             n = args.n_aggregate if cell.startswith("aggregate") else args.n_4000 if cell.endswith("4000") else args.n
             groups = groups_for(cell, n, args.seed)
-            ensure_episodes(folder / "episodes.jsonl", [e for g in groups for e in g])
-            log_command(folder, cmd)
             if agent is None:
                 agent = Agent.from_pretrained(args.model, dtype=args.dtype)
                 check_study_dtype(args.out, dtype_name(agent.dtype))
             names = labels_for(cell)
             with run_lock(folder):  # one run per folder: a second would duplicate and lose records
+                ensure_episodes(folder / "episodes.jsonl", [e for g in groups for e in g])
+                log_command(folder, cmd)
                 run_cell(agent, folder, groups, args.model, [names.get(p, p) for p in _split(args.protocols)],
                          args.upto)
         if (folder / "records.jsonl").exists():

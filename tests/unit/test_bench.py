@@ -133,13 +133,34 @@ def test_bad_specs_and_parameters_are_config_errors():
     for spec, what in [("text,cacheback(ratio=8", "never closed"), ("text),cacheback(ratio=8)", "closes nothing"),
                        ("cacheback(ratio=8)(latent_steps=4)", "want name"), ("cacheback(ratio=8, ratio=2)", "ratio given twice"),
                        ("text, text", "given twice"), ("cacheback(selector=bm25)", "selector=bm25 is not a Python literal"),
-                       (" , ", "no protocol")]:
+                       (" , ", "no protocol"), ("text(note='open", "string is never closed")]:
         with pytest.raises(ConfigError, match=what):
             parse_protocols(spec)
+    assert parse_protocols("text(note='a, (b'), alone")["text(note='a, (b')"] == ("text", {"note": "a, (b"})
     with pytest.raises(ConfigError, match="latent_step"):
         get_protocol("fullkv", latent_step=8)  # unknown field
     with pytest.raises(ConfigError):
         get_protocol("fullkv", latent_steps=-1)
+
+
+def test_an_episode_error_is_recorded_but_a_missing_model_or_extra_stops_the_run(tiny_task):
+    from latentwire.bench.runner import run_episode
+    from latentwire.errors import ContextOverflowError, MissingExtraError, ModelNotFoundError
+
+    ep = load_episodes(tiny_task)[0]
+
+    class Raises:
+        def __init__(self, error):
+            self.error = error
+
+        def run(self, *args):
+            raise self.error
+
+    rec = run_episode(Raises(ContextOverflowError(9, 8, {"prompt": 9})), "p", ep, None)
+    assert rec["error"].startswith("ContextOverflowError") and rec["accuracy"] == 0.0
+    for error in (ModelNotFoundError("no encoder here"), MissingExtraError("the encoder", "dense", "pkg")):
+        with pytest.raises(type(error)):  # the machine, not the episode: every later episode would fail alike
+            run_episode(Raises(error), "p", ep, None)
 
 
 def test_resume_drops_a_line_cut_short_and_refuses_another_n(tiny_task, tmp_path):
@@ -170,19 +191,24 @@ def test_one_run_per_folder_and_files_written_whole(tiny_task, tmp_path, monkeyp
     out, cfg = tmp_path / "run", RunConfig(str(tiny_task), "alone(max_new_tokens=1)", "llama")
     with runner.run_lock(tmp_path):  # another process writing the folder: refused before anything is written
         out.mkdir()
+        (out / "config.json").write_text("{}")  # the holder's, written after the refused run looked
         with runner.run_lock(out), pytest.raises(ConfigError, match="another run"):
             run(cfg, out, progress=False, agent=agent)
-        assert list(out.iterdir()) == []  # the refused run wrote nothing; the holder's lock went with it
+        assert sorted(p.name for p in out.iterdir()) == [runner.LOCK, "config.json"]  # nothing written or removed
+        (out / "config.json").unlink()
     run(cfg, out, progress=False, agent=agent)
-    assert not (out / runner.LOCK).exists()  # the lock goes with the run
     rec = out / "records.jsonl"
-    before = rec.stat().st_mtime_ns
-    runner.drop_cut_lines(rec)  # nothing to drop: the file is not rewritten
-    assert rec.stat().st_mtime_ns == before
+    before = rec.stat().st_ino
+    runner.drop_cut_lines(rec)  # nothing to drop: the file is not rewritten (a rewrite replaces the inode)
+    assert rec.stat().st_ino == before
     text = rec.read_text()
     rec.write_text(text.rstrip("\n"))  # whole records, the last one's newline lost: restored, nothing dropped
     runner.drop_cut_lines(rec)
     assert rec.read_text() == text
+    line = json.dumps({"episode": "e9", "protocol": "x", "answer": "a\u2028b\x85c"}, ensure_ascii=False)
+    rec.write_text(text + line + "\n")  # line separators inside a string: one record, kept whole
+    runner.drop_cut_lines(rec)
+    assert rec.read_text() == text + line + "\n" and ("e9", "x") in runner.finished(rec, "episode")
     writes = []
     real = runner.os.replace
     monkeypatch.setattr(runner.os, "replace", lambda a, b: (writes.append(Path(b).name), real(a, b))[1])
@@ -192,6 +218,9 @@ def test_one_run_per_folder_and_files_written_whole(tiny_task, tmp_path, monkeyp
     (out / "config.json").write_text('{"config": ')  # cut short: refused, named, not a raw JSON traceback
     with pytest.raises(ConfigError, match="config.json is not valid JSON"):
         run(cfg, out, progress=False, agent=agent)
+    assert runner.parse_filters(["x=1.5"]) == {"x": 1.5}
+    with pytest.raises(ConfigError, match="finite"):
+        runner.parse_filters(["x=1e999"])
     afile = tmp_path / "afile"
     afile.write_text("x")
     with pytest.raises(ConfigError, match="is a file"):

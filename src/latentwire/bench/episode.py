@@ -135,3 +135,9 @@ def span_token_positions(text: str, spans: Iterable[tuple[int, int]], tokenizer)
     spans = list(spans)
     return [i for i, (a, b) in enumerate(enc["offset_mapping"])
             if b > a and any(a < end and b > start for start, end in spans)]
+
+
+def jsonl_lines(text: str) -> list[str]:
+    """The lines of a JSONL file, split at "\\n" only: a record written with `ensure_ascii=False` may hold U+2028,
+    U+2029 or U+0085 inside a string, which `str.splitlines` would also break at (losing the record)."""
+    return [line for line in text.split("\n") if line.strip()]

@@ -18,6 +18,7 @@ from ..errors import ConfigError, LatentWireError
 from ..protocols.base import Outcome
 from ..protocols.pair import PairProtocol, get_pair_protocol
 from .metrics import answer_scores
+from .episode import jsonl_lines
 from .runner import (_memory, check_resume, describe_protocols, drop_cut_lines, finished, parse_protocols,
                      placement_record, run_folder, write_config)
 from .tasks.pairs import Pair, pairs
@@ -94,7 +95,7 @@ def _scored(out: Outcome, pair: Pair) -> dict:
 
 def read_records(out_dir: str | Path) -> list[dict]:
     path = Path(out_dir) / RECORDS
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [json.loads(line) for line in jsonl_lines(path.read_text(encoding="utf-8"))]
 
 
 def summarize_pairs(records: list[dict]) -> list[dict]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..errors import LatentWireError
+from .episode import jsonl_lines
 from .metrics import bootstrap_ci, bootstrap_median_ci, holm, median_ratio_ci, paired_bootstrap_diff, sign_flip_exact
 
 REFERENCES = ("alone", "text", "fullcontext", "packllm")  # protocols that send no latent message
@@ -35,7 +36,7 @@ def read_run(run_dir: str | Path) -> tuple[dict, list[dict]]:
     run_dir = Path(run_dir)
     try:
         config = json.loads((run_dir / "config.json").read_text())
-        records = [json.loads(l) for l in (run_dir / "records.jsonl").read_text().splitlines() if l.strip()]
+        records = [json.loads(l) for l in jsonl_lines((run_dir / "records.jsonl").read_text(encoding="utf-8"))]
     except (OSError, json.JSONDecodeError) as e:
         raise LatentWireError(f"{run_dir} is not a readable run folder ({e})") from e
     for r in records:

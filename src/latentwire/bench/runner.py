@@ -13,6 +13,8 @@ from __future__ import annotations
 import ast
 import fcntl
 import json
+import logging
+import math
 import os
 import platform
 import random
@@ -27,23 +29,28 @@ from pathlib import Path
 from typing import Iterator
 
 from ..agent import Agent
-from ..errors import ConfigError, LatentWireError
+from ..errors import ConfigError, LatentWireError, MissingExtraError, ModelNotFoundError
 from ..message import merge_spans
 from ..placement import cpu_bf16_flags, dtype_name, resolve
 from ..protocols import Outcome, Protocol, get_protocol
 from ..protocols.reads import shared_reads
-from .episode import Episode, load_episodes, span_token_positions
+from .episode import Episode, jsonl_lines, load_episodes, span_token_positions  # noqa: F401  (jsonl_lines re-exported)
 from .metrics import answer_scores, evidence_recall
 
-_SPEC = re.compile(r"^\s*([\w.-]+)\s*(?:\((.*)\))?\s*$")
+log = logging.getLogger(__name__)
+_SPEC = re.compile(r"^\s*([\w.-]+)\s*(?:\((.*)\))?\s*$", re.DOTALL)
 
 
 def parse_protocols(text: str) -> dict[str, tuple[str, dict]]:
     """'text,fullkv(latent_steps=8)' -> {label: (name, params)}; values are Python literals. ConfigError for anything
     it cannot read whole: unbalanced parentheses, a call of a call, a parameter or a protocol given twice."""
-    out, depth, cur = {}, 0, ""
+    out, depth, cur, quote = {}, 0, "", None
     for ch in text + ",":
-        if ch == "," and depth == 0:
+        if quote:  # inside a string literal: parentheses and commas are its text
+            quote = None if ch == quote and not cur.endswith("\\") else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "," and depth == 0:
             if cur.strip():
                 label, spec = _parse_one(cur.strip())
                 if label in out:
@@ -51,10 +58,13 @@ def parse_protocols(text: str) -> dict[str, tuple[str, dict]]:
                 out[label] = spec
             cur = ""
             continue
-        depth += (ch == "(") - (ch == ")")
-        if depth < 0:
-            raise ConfigError(f"bad protocol spec {(cur + ch).strip()!r}: a ')' closes nothing")
+        else:
+            depth += (ch == "(") - (ch == ")")
+            if depth < 0:
+                raise ConfigError(f"bad protocol spec {(cur + ch).strip()!r}: a ')' closes nothing")
         cur += ch
+    if quote:
+        raise ConfigError(f"bad protocol spec {cur[:-1].strip()!r}: a string is never closed")
     if depth:  # the loop's closing "," went into the open spec: leave it out of the message
         raise ConfigError(f"bad protocol spec {cur[:-1].strip()!r}: a '(' is never closed")
     if not out:
@@ -84,7 +94,7 @@ def _parse_one(spec: str) -> tuple[str, tuple[str, dict]]:
         for kw in call.keywords:
             try:
                 params[kw.arg] = ast.literal_eval(kw.value)
-            except ValueError as e:
+            except (ValueError, TypeError, RecursionError) as e:  # TypeError: an unhashable key, {[1]: 2}
                 raise ConfigError(f"protocol spec {spec!r}: {kw.arg}={ast.unparse(kw.value)} is not a Python literal "
                                   "(a number, string, bool, None, list, tuple or dict; quote strings)") from e
     label = name if not params else f"{name}({', '.join(f'{k}={v!r}' for k, v in params.items())})"
@@ -125,7 +135,7 @@ def parse_filters(items: list[str], what: str = "filter") -> dict:
         if not eq or not key:
             raise ConfigError(f"bad {what} {item!r}; want KEY=VALUE")
         try:
-            filters[key] = json.loads(value, parse_constant=_no_constant)
+            filters[key] = json.loads(value, parse_constant=_no_constant, parse_float=_finite)
         except json.JSONDecodeError:
             filters[key] = value
         except ValueError as e:
@@ -135,6 +145,12 @@ def parse_filters(items: list[str], what: str = "filter") -> dict:
 
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a finite number")
+
+
+def _finite(text: str) -> float:
+    if not math.isfinite(value := float(text)):
+        raise ValueError(f"{text} is not a finite number")
+    return value
 
 
 def select_episodes(episodes: list[Episode], n: int | None, seed: int, filters: dict) -> list[Episode]:
@@ -256,7 +272,12 @@ def run(config: RunConfig, out_dir: str | Path, progress: bool = True, agent: Ag
     if progress:
         print(describe_protocols(protocols), flush=True)
     with run_folder(out_dir, cfg_path, rec_path):
-        drop_cut_lines(rec_path)  # under the run's lock: no other run appends meanwhile
+        # Under the run's lock, read the folder again: a run that held it while this one loaded its model may have
+        # written records (and the config) since.
+        first = check_resume(cfg_path, resolved, keys, rec_path)
+        drop_cut_lines(rec_path)
+        done = finished(rec_path, "episode")
+        todo = [e for e in episodes if any((e.id, label) not in done for label in protocols)]
         run_id = write_config(cfg_path, first, resolved, {"episodes": [e.id for e in episodes]})["run"]
         with rec_path.open("a", encoding="utf-8") as f:
             # Episode by episode: inside one episode every protocol shares each sender's read (`shared_reads`).
@@ -290,39 +311,44 @@ LOCK = ".lock"  # held by the run writing a folder (`run_lock`); removed when it
 @contextmanager
 def run_lock(out_dir: Path) -> Iterator[None]:
     """Hold `out_dir` for one run: ConfigError, before anything is written, if another process is writing it (two
-    runs appending to one records file would lose and duplicate records). The lock file goes when the run ends."""
-    path = out_dir / LOCK
-    with open(path, "a+") as f:
+    runs appending to one records file would lose and duplicate records). The lock file stays (git ignores it):
+    removing a file others may have opened would let two runs each lock a different one."""
+    with open(out_dir / LOCK, "a+") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when the file closes
         except BlockingIOError:
             f.seek(0)
             raise ConfigError(f"{out_dir} is being written by another run (pid {f.read().strip() or '?'}); wait for "
                               "it to end, or use another --out") from None
-        f.seek(0), f.truncate(), f.write(str(os.getpid())), f.flush()
-        try:
-            yield
-        finally:
-            path.unlink(missing_ok=True)
+        except OSError as e:  # a filesystem without locks (some NFS and FUSE mounts): run, unguarded
+            log.warning("cannot lock %s (%s): nothing stops a second run from writing it meanwhile", out_dir, e)
+        else:
+            f.seek(0), f.truncate(), f.write(str(os.getpid())), f.flush()
+        yield
 
 
 @contextmanager
 def run_folder(out_dir: Path, *files: Path) -> Iterator[Path]:
     """Create `out_dir` for a run and hold it (`run_lock`). If the run fails before its first record (the last of
-    `files`, the records file, is missing or empty), the files and folder this run created are removed again."""
+    `files`, the records file, is missing or empty), the files and folder this run created are removed again;
+    a run refused the lock removes nothing (the files are the other run's)."""
     created = [p for p in (out_dir, *files) if not p.exists()]
     out_dir.mkdir(parents=True, exist_ok=True)
+    held = False
     try:
         with run_lock(out_dir):
+            held = True
             yield out_dir
     except BaseException:
         records = files[-1] if files else None
-        if records is None or not records.exists() or records.stat().st_size == 0:
+        if held and (records is None or not records.exists() or records.stat().st_size == 0):
             for p in files:
                 if p in created:
                     p.unlink(missing_ok=True)
-            if out_dir in created and not any(out_dir.iterdir()):
-                out_dir.rmdir()
+            if out_dir in created:
+                (out_dir / LOCK).unlink(missing_ok=True)
+                if not any(out_dir.iterdir()):
+                    out_dir.rmdir()
         raise
 
 
@@ -362,8 +388,14 @@ def replace_text(path: Path, text: str) -> None:
     """Write `path` whole or not at all: a temporary file beside it, then renamed over it (a crash or a full disk
     midway leaves the old file as it was)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # gone already when the rename happened
 
 
 def drop_cut_lines(rec_path: Path) -> None:
@@ -372,7 +404,7 @@ def drop_cut_lines(rec_path: Path) -> None:
     if not rec_path.exists():
         return
     text = rec_path.read_text(encoding="utf-8")
-    lines = text.splitlines()
+    lines = jsonl_lines(text)
     good = [line for line in lines if _parses(line)]
     if len(good) < len(lines) or (text and not text.endswith("\n")):
         replace_text(rec_path, "".join(line + "\n" for line in good))
@@ -382,7 +414,7 @@ def finished(rec_path: Path, key: str) -> set[tuple[str, str]]:
     """(record[key], protocol) pairs already recorded (a line that does not parse is skipped; reads only)."""
     if not rec_path.exists():
         return set()
-    return {(r[key], r["protocol"]) for line in rec_path.read_text(encoding="utf-8").splitlines()
+    return {(r[key], r["protocol"]) for line in jsonl_lines(rec_path.read_text(encoding="utf-8"))
             if (r := _parses(line))}
 
 
@@ -398,6 +430,8 @@ def run_episode(protocol: Protocol, label: str, ep: Episode, agent: Agent) -> di
     try:
         out = protocol.run([agent] * len(ep.contexts), list(ep.contexts), agent, ep.question)
         rec = score(ep, label, out, agent.tokenizer)
+    except (ModelNotFoundError, MissingExtraError):  # the machine lacks a model or an extra: no episode can run
+        raise
     except LatentWireError as e:
         rec = {"episode": ep.id, "protocol": label, "answer": "", **answer_scores("", ep.answers),
                "message_bytes": None, "receiver_context": None, "sender_seconds": [], "receiver_seconds": None,

@@ -140,8 +140,10 @@ def error_summary(records: Path) -> str:
     import json
     from collections import Counter
 
+    from ..bench.episode import jsonl_lines
+
     counts, first = Counter(), {}
-    for line in records.read_text(encoding="utf-8").splitlines():
+    for line in jsonl_lines(records.read_text(encoding="utf-8")):
         rec = json.loads(line) if line.strip() else {}
         if rec.get("error"):
             key = (rec["protocol"], rec["error"].split(":", 1)[0])

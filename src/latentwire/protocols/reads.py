@@ -144,10 +144,10 @@ _LEAVES = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType
 def _held_bytes(obj, seen: set[int] | None = None) -> int:
     """Bytes `obj` keeps alive, each object once: a tensor's or array's data, a state's KV, and for Python values
     their own `sys.getsizeof` plus their contents' (containers, and the attributes of plain objects such as a bm25s
-    index). Classes, modules and functions are shared, not held: they count 0."""
+    index). Classes, modules, functions, models and agents are shared, not held: they count 0."""
     seen = set() if seen is None else seen
-    if id(obj) in seen or isinstance(obj, _LEAVES):
-        return 0
+    if id(obj) in seen or isinstance(obj, _LEAVES) or isinstance(obj, (torch.nn.Module, Agent)):
+        return 0  # shared by the process (a model, an agent, a class): not what an entry holds
     seen.add(id(obj))
     if isinstance(obj, KVState):
         return obj.nbytes

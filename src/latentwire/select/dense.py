@@ -104,7 +104,7 @@ class DenseSelector(TextSelector):
             raise ConfigError(f"batch_size must be ≥ 1, got {self.batch_size}")
         model_source(self.model)  # a missing extra fails here, before any run
         local = Path(self.model).expanduser()
-        if self.model not in PACKAGED and (local.exists() or self.model.startswith(("/", ".", "~"))) \
+        if self.model not in PACKAGED and (local.exists() or str(self.model).startswith(("/", ".", "~"))) \
                 and not (local / "config.json").is_file():  # a path (a hub id is "org/name"): checked now
             raise ModelNotFoundError(f"the dense selector's encoder {self.model!r} is not a model folder (no "
                                      f"config.json there); give a packaged name ({', '.join(PACKAGED)}), a local "
