@@ -193,6 +193,37 @@ def test_ask_answers_over_files_and_folders_with_each_protocol(monkeypatch, caps
     assert rows[2]["sent"] == {f: [docs[f.removeprefix(str(tmp_path) + "/")]] for f in files}  # all of it
 
 
+def test_ask_follow_ups_find_every_read_held(monkeypatch, capsys, tmp_path):
+    import json
+
+    from latentwire.protocols import reads
+
+    (tmp_path / "a.txt").write_text("The offsite is in Lisbon this year. Lunch is on Friday.", encoding="utf-8")
+    (tmp_path / "b.txt").write_text("Ana booked the hotel near the river. The budget was approved.", encoding="utf-8")
+    _tiny_agent(monkeypatch)
+    computed, real = [], reads.HeldReads.__init__
+    monkeypatch.setattr(reads.HeldReads, "__init__", lambda self, *a, **k: (computed.append(self), real(self, *a, **k))[1])
+    protocols = "cacheback(ratio=4, latent_steps=1),retrieval(selector='bm25', ratio=4, read='held')"
+    assert cli.main(["ask", "Where is the offsite?", str(tmp_path), "--then", "Who booked the hotel?",
+                     "--then", "When is lunch?", "--protocols", protocols, "--json"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["turn"], r["protocol"][:9]) for r in rows] == [(t, p) for t in range(3) for p in ("cacheback", "retrieval")]
+    assert [r["question"] for r in rows[::2]] == ["Where is the offsite?", "Who booked the hotel?", "When is lunch?"]
+    (held,) = computed  # one store for every question: the documents are read once, then held
+    assert held.reads_computed == 4 and held.indexes_computed == 2  # 2 prefills + 2 latent runs; 2 BM25 indexes
+    for r in rows:
+        first = r["turn"] == 0
+        assert all((x > 0) == first for x in r["read_seconds"])  # follow-ups are charged no read
+        assert r["tteoa"] > r["tteoa_question"] if first else r["tteoa"] == r["tteoa_question"]
+    assert cli.main(["ask", "Where is the offsite?", str(tmp_path), "--then", "When is lunch?", "--protocols",
+                     "cacheback(ratio=4, latent_steps=1)"]) == 0
+    text = capsys.readouterr().out
+    assert "Q1: Where is the offsite?" in text and "follow-up Q2: When is lunch?" in text
+    assert text.count("question-time") == 3 and "every read was held from the first question" in text
+    assert cli.main(["ask", "Q?", str(tmp_path), "--then", "  "]) == 2
+    assert "a question is empty" in capsys.readouterr().err
+
+
 def test_ask_refuses_bad_files_before_loading_a_model(monkeypatch, capsys, tmp_path):
     def no_load(args):
         raise AssertionError("the model loaded before the files were checked")

@@ -214,6 +214,9 @@ def _add_ask(sub) -> None:
                                      "window is refused before any compute and the others still run.")
     ask.add_argument("question", help="the question, quoted")
     ask.add_argument("files", nargs="+", help="UTF-8 text files or folders, one document per file")
+    ask.add_argument("--then", action="append", metavar="QUESTION",
+                     help="a follow-up question over the same files (repeatable): every sender keeps its read, so "
+                          "a follow-up pays only question-time (default: none)")
     ask.add_argument("--protocols", default="cacheback(ratio=8)",
                      help="comma-separated, e.g. \"cacheback(ratio=8),retrieval(selector='bm25'),fullcontext\"")
     ask.add_argument("--model", default="smollm2-135m", help="bundled model name, local HF directory or hub id "

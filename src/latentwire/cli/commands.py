@@ -258,42 +258,64 @@ def read_documents(paths: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _ask(args) -> int:
-    """One question over the user's files, one sender per file, with each protocol of --protocols in turn."""
-    import json
-
+    """Questions over the user's files, one sender per file, with each protocol of --protocols in turn. The first
+    question reads the documents; each follow-up (--then) finds every read held (`HeldReads`) and pays only what a
+    question costs an agent that already holds its document."""
     from transformers.utils import logging as hf_logging
 
     from ..bench.runner import parse_protocols
-    from ..errors import ContextOverflowError
+    from ..errors import ConfigError, ContextOverflowError
     from ..protocols import get_protocol
-    from ..message import merge_spans
+    from ..protocols.reads import HeldReads, shared_reads
 
     protocols = {label: get_protocol(name, **params) for label, (name, params) in
                  parse_protocols(args.protocols).items()}  # a bad spec fails here, before any file or model
+    questions = [args.question, *(args.then or [])]
+    if blank := [q for q in questions if not q.strip()]:
+        raise ConfigError(f"a question is empty ({len(blank)} of {len(questions)}); quote each question")
     names, documents = read_documents(args.files)
     hf_logging.disable_progress_bar()
     agent = _load_agent(args)  # one agent plays every sender and the receiver
-    ran = 0
-    for label, protocol in protocols.items():
-        try:
-            out = protocol.run([agent] * len(documents), documents, agent, args.question)
-        except ContextOverflowError as e:  # refused before any compute: the other protocols may still fit
-            print(f"{label}: does not fit: {e}. Try a larger ratio (cacheback, retrieval), fewer or shorter "
-                  "documents, or a model with a longer window.", file=sys.stderr)
-            continue
-        ran += 1
-        sent = None if out.kept_spans is None else {
-            n: [doc[a:b] for a, b in merge_spans(spans)] for n, doc, spans in zip(names, documents, out.kept_spans)}
-        if args.json:
-            print(json.dumps({"protocol": label, "answer": out.answer.strip(), "message_bytes": out.message_bytes,
-                              "receiver_context": out.receiver_context, "tteoa": out.tteoa,
-                              "sender_seconds": list(out.sender_seconds), "receiver_seconds": out.receiver_seconds,
-                              "sent": sent}, ensure_ascii=False))
-            continue
-        print(f"{label}: {out.answer.strip()}")
-        print(f"  {out.message_bytes:,} bytes sent, receiver context {out.receiver_context} rows, "
-              f"TTEOA {out.tteoa:.2f} s (slowest sender {max(out.sender_seconds, default=0):.2f} s)")
-        if args.show_sent and sent:
-            for n, pieces in sent.items():
-                print(f"  {n} sent: " + " … ".join(p.replace("\n", " ").strip() for p in pieces))
+    held, ran = HeldReads(), 0
+    for turn, question in enumerate(questions):
+        if len(questions) > 1 and not args.json:
+            print(f"{'Q' if turn == 0 else 'follow-up Q'}{turn + 1}: {question}")
+        before = held.reads_computed
+        with shared_reads(held):  # every protocol of this question shares each sender's read; later ones keep it
+            for label, protocol in protocols.items():
+                try:
+                    out = protocol.run([agent] * len(documents), documents, agent, question)
+                except ContextOverflowError as e:  # refused before any compute: the other protocols may still fit
+                    print(f"{label}: does not fit: {e}. Try a larger ratio (cacheback, retrieval), fewer or shorter "
+                          "documents, or a model with a longer window.", file=sys.stderr)
+                    continue
+                ran += 1
+                _print_answer(args, label, question, turn, out, names, documents)
+        if turn and not args.json and held.reads_computed == before:
+            print("  (every read was held from the first question: TTEOA is question-time)")
     return 0 if ran else 2
+
+
+def _print_answer(args, label: str, question: str, turn: int, out, names: list[str], documents: list[str]) -> None:
+    """One protocol's answer to one question: a JSON object, or two lines (and what each sender sent)."""
+    import json
+
+    from ..message import merge_spans
+
+    sent = None if out.kept_spans is None else {
+        n: [doc[a:b] for a, b in merge_spans(spans)] for n, doc, spans in zip(names, documents, out.kept_spans)}
+    if args.json:
+        print(json.dumps({"question": question, "turn": turn, "protocol": label, "answer": out.answer.strip(),
+                          "message_bytes": out.message_bytes, "receiver_context": out.receiver_context,
+                          "tteoa": out.tteoa, "tteoa_question": out.question_tteoa,
+                          "sender_seconds": list(out.sender_seconds), "read_seconds":
+                              None if out.read_seconds is None else list(out.read_seconds),
+                          "receiver_seconds": out.receiver_seconds, "sent": sent}, ensure_ascii=False))
+        return
+    print(f"{label}: {out.answer.strip()}")
+    q = "" if out.question_tteoa is None else f", question-time {out.question_tteoa:.2f} s"
+    print(f"  {out.message_bytes:,} bytes sent, receiver context {out.receiver_context} rows, "
+          f"TTEOA {out.tteoa:.2f} s{q} (slowest sender {max(out.sender_seconds, default=0):.2f} s)")
+    if args.show_sent and sent:
+        for n, pieces in sent.items():
+            print(f"  {n} sent: " + " … ".join(p.replace("\n", " ").strip() for p in pieces))
