@@ -196,11 +196,10 @@ def test_a_latent_map_of_another_pair_is_refused_naming_both(agent_for, other, f
         receiver_rows(receiver, QUESTION, messages)
 
 
-def test_a_map_of_another_latent_mode_is_refused(agent_for, other, fitted, tmp_path):
-    proto = CacheBackX(delivery="spans+latent", latent_map=fitted, latent_mode="realign", **SMALL)
-    with pytest.raises(ConfigError, match="'rescale' latent rows"):
-        proto.run([agent_for("qwen2")], DOCS[:1], other(), QUESTION)
-    fitted.save(tmp_path / "map")  # a saved map's folder: read when the protocol is built, before any question
+def test_a_map_of_another_latent_mode_is_refused(fitted, tmp_path):
+    with pytest.raises(ConfigError, match="'rescale' latent rows"):  # refused when built, before any question
+        CacheBackX(delivery="spans+latent", latent_map=fitted, latent_mode="realign", **SMALL)
+    fitted.save(tmp_path / "map")  # a saved map's folder: its header is read when the protocol is built
     with pytest.raises(ConfigError, match="'rescale' latent rows"):
         CacheBackX(delivery="spans+latent", latent_map=tmp_path / "map", latent_mode="realign", **SMALL)
     with pytest.raises(StateFormatError, match="no latent map here"):

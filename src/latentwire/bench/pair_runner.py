@@ -19,8 +19,7 @@ from ..protocols.base import Outcome
 from ..protocols.pair import PairProtocol, get_pair_protocol
 from .metrics import answer_scores
 from .episode import jsonl_lines
-from .runner import (_memory, check_resume, describe_protocols, drop_cut_lines, finished, parse_protocols,
-                     placement_record, run_folder, write_config)
+from .runner import _memory, describe_protocols, open_run, parse_protocols, placement_record, write_config
 from .tasks.pairs import Pair, pairs
 
 RECORDS, CONFIG = "records.jsonl", "config.json"
@@ -33,15 +32,13 @@ def run_pairs(sharer_name: str, receiver_name: str, task: str, protocols: str, n
     """Run every protocol of `protocols` ("alone,translated(checkpoint='...')") on `n` pairs; returns out_dir.
 
     Protocols are parsed and built (checkpoints read) before any model loads, so a bad spec fails fast; the
-    models load before `out_dir` is created, and a run that fails before its first record leaves nothing
-    behind. `sharer` / `receiver` override loading the named models (tests pass tiny agents)."""
+    models load under the folder's lock before anything is written, and a run that fails before its first record
+    leaves nothing behind. `sharer` / `receiver` override loading the named models (tests pass tiny agents)."""
     from tqdm import tqdm
 
     if n < 1:
         raise ConfigError(f"n must be ≥ 1, got {n}")
     specs = parse_protocols(protocols)
-    if not specs:
-        raise ConfigError("no protocols given")
     built = {label: get_pair_protocol(name, **params) for label, (name, params) in specs.items()}
     todo_pairs = pairs(task, split, n, seed)
     config = {"sharer": sharer_name, "receiver": receiver_name, "task": task, "split": split, "n": n, "seed": seed,
@@ -49,18 +46,13 @@ def run_pairs(sharer_name: str, receiver_name: str, task: str, protocols: str, n
     config |= placement_record(device, dtype, receiver)
     out_dir = Path(out_dir)
     cfg_path, rec_path = out_dir / CONFIG, out_dir / RECORDS
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"--out {out_dir} is a file; give a folder")
-    first = check_resume(cfg_path, config, _KEYS, rec_path)
-    done = finished(rec_path, "pair")  # a line cut short by a crash does not count
-    if not all((p.id, label) in done for label in built for p in todo_pairs):  # models load before anything is written
-        load = lambda name: Agent.from_pretrained(name, device=config["device"], dtype=config["dtype"])  # noqa: E731
-        sharer = sharer or load(sharer_name)
-        receiver = receiver or (sharer if receiver_name == sharer_name else load(receiver_name))
-    if progress:
-        print(describe_protocols(built), flush=True)
-    with run_folder(out_dir, cfg_path, rec_path):
-        drop_cut_lines(rec_path)  # under the run's lock
+    with open_run(out_dir, cfg_path, rec_path, config, _KEYS, "pair") as (first, done):
+        if not all((p.id, label) in done for label in built for p in todo_pairs):  # before anything is written
+            load = lambda name: Agent.from_pretrained(name, device=config["device"], dtype=config["dtype"])  # noqa: E731
+            sharer = sharer or load(sharer_name)
+            receiver = receiver or (sharer if receiver_name == sharer_name else load(receiver_name))
+        if progress:
+            print(describe_protocols(built), flush=True)
         run_id = write_config(cfg_path, first, config, {"pairs": [p.id for p in todo_pairs]})["run"]
         with rec_path.open("a", encoding="utf-8") as f:
             for label, protocol in built.items():

@@ -34,7 +34,7 @@ from ..message import merge_spans
 from ..placement import cpu_bf16_flags, dtype_name, resolve
 from ..protocols import Outcome, Protocol, get_protocol
 from ..protocols.reads import shared_reads
-from .episode import Episode, jsonl_lines, load_episodes, span_token_positions  # noqa: F401  (jsonl_lines re-exported)
+from .episode import Episode, jsonl_lines, load_episodes, span_token_positions
 from .metrics import answer_scores, evidence_recall
 
 log = logging.getLogger(__name__)
@@ -244,10 +244,10 @@ def _memory() -> dict:
 
 
 def run(config: RunConfig, out_dir: str | Path, progress: bool = True, agent: Agent | None = None) -> Path:
-    """Run (or resume) `config` into `out_dir`. Everything is validated (protocol specs and parameters, task
-    file, placement, model) before `out_dir` is created; a run that fails before its first record leaves
-    nothing behind, so the corrected command starts afresh. `progress`: a progress bar and, first, every
-    protocol's full parameter set."""
+    """Run (or resume) `config` into `out_dir`. Protocol specs and parameters, task file and placement are
+    validated before `out_dir` is created, the folder's earlier run and the model before anything is written;
+    a run that fails before its first record leaves nothing behind, so the corrected command starts afresh.
+    `progress`: a progress bar and, first, every protocol's full parameter set."""
     from tqdm import tqdm
 
     out_dir = Path(out_dir)
@@ -255,29 +255,17 @@ def run(config: RunConfig, out_dir: str | Path, progress: bool = True, agent: Ag
         raise ConfigError(f"n must be ≥ 1, got {config.n}")
     resolved = config.resolved(agent)
     cfg_path, rec_path = out_dir / "config.json", out_dir / "records.jsonl"
-    keys = ("task", "model", "n", "seed", "filters", "device", "dtype")
-    first = check_resume(cfg_path, resolved, keys, rec_path)
     protocols = {label: get_protocol(spec["name"], **spec["params"]) for label, spec in resolved["protocols"].items()}
-    if not protocols:
-        raise ConfigError("no protocols given; e.g. --protocols text,fullkv(latent_steps=8)")
     episodes = select_episodes(load_task_episodes(config.task), config.n, config.seed, config.filters)
     if not episodes:
         raise ConfigError(f"no episode of task {config.task!r} matches the filters {config.filters}")
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ConfigError(f"--out {out_dir} is a file; give a folder")
-    done = finished(rec_path, "episode")  # a line cut short by a crash does not count
-    todo = [e for e in episodes if any((e.id, label) not in done for label in protocols)]
-    if todo and agent is None:
-        agent = Agent.from_pretrained(config.model, device=resolved["device"], dtype=resolved["dtype"])
-    if progress:
-        print(describe_protocols(protocols), flush=True)
-    with run_folder(out_dir, cfg_path, rec_path):
-        # Under the run's lock, read the folder again: a run that held it while this one loaded its model may have
-        # written records (and the config) since.
-        first = check_resume(cfg_path, resolved, keys, rec_path)
-        drop_cut_lines(rec_path)
-        done = finished(rec_path, "episode")
+    keys = ("task", "model", "n", "seed", "filters", "device", "dtype")
+    with open_run(out_dir, cfg_path, rec_path, resolved, keys, "episode") as (first, done):
         todo = [e for e in episodes if any((e.id, label) not in done for label in protocols)]
+        if todo and agent is None:
+            agent = Agent.from_pretrained(config.model, device=resolved["device"], dtype=resolved["dtype"])
+        if progress:
+            print(describe_protocols(protocols), flush=True)
         run_id = write_config(cfg_path, first, resolved, {"episodes": [e.id for e in episodes]})["run"]
         with rec_path.open("a", encoding="utf-8") as f:
             # Episode by episode: inside one episode every protocol shares each sender's read (`shared_reads`).
@@ -305,7 +293,7 @@ def describe_protocols(protocols: dict) -> str:
     return "\n".join(lines)
 
 
-LOCK = ".lock"  # held by the run writing a folder (`run_lock`); removed when it ends
+LOCK = ".lock"  # locked by the run writing a folder (`run_lock`); the file itself stays
 
 
 @contextmanager
@@ -322,9 +310,26 @@ def run_lock(out_dir: Path) -> Iterator[None]:
                               "it to end, or use another --out") from None
         except OSError as e:  # a filesystem without locks (some NFS and FUSE mounts): run, unguarded
             log.warning("cannot lock %s (%s): nothing stops a second run from writing it meanwhile", out_dir, e)
-        else:
-            f.seek(0), f.truncate(), f.write(str(os.getpid())), f.flush()
+        else:  # the holder's pid, for the message a refused run prints
+            f.seek(0)
+            f.truncate()
+            f.write(str(os.getpid()))
+            f.flush()
         yield
+
+
+@contextmanager
+def open_run(out_dir: Path, cfg_path: Path, rec_path: Path, resolved: dict, keys: tuple[str, ...],
+             key: str) -> Iterator[tuple[dict | None, set[tuple[str, str]]]]:
+    """Hold `out_dir` for one run (`run_folder`) and read, under its lock, what the folder holds: (the first run's
+    config record or None, the (record[key], protocol) pairs already recorded). ConfigError for an `out_dir` that is
+    a file, or a folder whose run had other values of `keys` (`check_resume`)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ConfigError(f"--out {out_dir} is a file; give a folder")
+    with run_folder(out_dir, cfg_path, rec_path):
+        first = check_resume(cfg_path, resolved, keys, rec_path)
+        drop_cut_lines(rec_path)
+        yield first, finished(rec_path, key)
 
 
 @contextmanager

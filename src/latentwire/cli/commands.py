@@ -144,7 +144,7 @@ def error_summary(records: Path) -> str:
 
     counts, first = Counter(), {}
     for line in jsonl_lines(records.read_text(encoding="utf-8")):
-        rec = json.loads(line) if line.strip() else {}
+        rec = json.loads(line)
         if rec.get("error"):
             key = (rec["protocol"], rec["error"].split(":", 1)[0])
             counts[key] += 1

@@ -87,10 +87,11 @@ class FaninNode:
             raise ConfigError("a fan-in node needs agents (name -> Agent) or a transport whose nodes hold them")
         if self.transport is not None and self.agents:
             raise ConfigError("give agents or a transport, not both: through a transport the agents live on its nodes")
-        if not isinstance(self.agents, Mapping) or any(not isinstance(a, Agent) for a in self.agents.values()):
-            raise ConfigError("agents must map names to latentwire Agents (Agent.from_pretrained(...)), got "
-                              f"{type(self.agents).__name__}" + (f" of {sorted({type(a).__name__ for a in self.agents.values()})}"
-                                                                 if isinstance(self.agents, Mapping) else ""))
+        if not isinstance(self.agents, Mapping):
+            raise ConfigError(f"agents must map names to latentwire Agents, got {type(self.agents).__name__}")
+        if bad := sorted({type(a).__name__ for a in self.agents.values() if not isinstance(a, Agent)}):
+            raise ConfigError(f"agents must map names to latentwire Agents (Agent.from_pretrained(...)), got "
+                              f"{', '.join(bad)}")
         if self.receiver is not None and self.transport is None and self.receiver not in self.agents:
             raise UnknownNameError("receiver agent", str(self.receiver), tuple(self.agents))
         self.held = HeldReads(self.max_held_bytes)

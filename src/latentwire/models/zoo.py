@@ -328,6 +328,7 @@ def load(name_or_path: str = DEFAULT_MODEL, dtype: str | torch.dtype | None = No
     loaded in `dtype` and moved to `device`; the placement is validated before anything is read.
     Returns (model, tokenizer, name) with the model in eval mode.
     """
+    import transformers
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -349,13 +350,7 @@ def load(name_or_path: str = DEFAULT_MODEL, dtype: str | torch.dtype | None = No
         if isinstance(e, LatentWireError):
             raise
         raise ModelConversionError(
-            f"model {name_or_path!r} ({source}) was found but transformers {_transformers_version()} cannot load it: "
+            f"model {name_or_path!r} ({source}) was found but transformers {transformers.__version__} cannot load it: "
             f"{str(e).splitlines()[0][:200] if str(e) else type(e).__name__}. Check its config.json (model_type) "
             f"and tokenizer files, or upgrade transformers.") from e
     return model.to(place.device).eval(), tokenizer, name
-
-
-def _transformers_version() -> str:
-    import transformers
-
-    return transformers.__version__

@@ -109,11 +109,13 @@ class CacheBackX(CacheBack):
                              "LatentMap) and 'spans' takes none")
         if not isinstance(self.latent_map, (str, Path, LatentMap, type(None))):
             raise ConfigError(f"latent_map: want a folder or a LatentMap, got {type(self.latent_map).__name__}")
-        if isinstance(self.latent_map, (str, Path)):  # a missing or foreign folder: refused now, not per question
-            mode = LatentMap.read_header(self.latent_map).get("latent_mode")
+        if self.latent_map is not None:  # a missing folder, or a map of another latent mode: refused now
+            given = isinstance(self.latent_map, LatentMap)
+            mode = self.latent_map.latent_mode if given else LatentMap.read_header(self.latent_map).get("latent_mode")
             if mode != self.latent_mode:
-                raise ConfigError(f"latent map {self.latent_map} was fitted on {mode!r} latent rows; this protocol's "
-                                  f"senders think with latent_mode={self.latent_mode!r}")
+                raise ConfigError(f"latent map {self.latent_map.pair if given else self.latent_map} was fitted on "
+                                  f"{mode!r} latent rows; this protocol's senders think with "
+                                  f"latent_mode={self.latent_mode!r}")
         if (self.delivery == "translated") != (self.translator is not None):
             raise ConfigError("delivery 'translated' needs translator= (a dense translator checkpoint folder, or the "
                              "translator) and the other deliveries take none")
@@ -136,13 +138,10 @@ class CacheBackX(CacheBack):
         return state
 
     def map_for(self, receiver: Agent) -> LatentMap:
-        """The latent map on the receiver's device, loaded once; its latent mode must be this protocol's."""
+        """The latent map on the receiver's device, loaded once (its latent mode was checked when this was built)."""
         key = str(receiver.device)
         if key not in self._maps:
             m = self.latent_map if isinstance(self.latent_map, LatentMap) else LatentMap.load(self.latent_map)
-            if m.latent_mode != self.latent_mode:
-                raise ConfigError(f"latent map {m.pair} was fitted on {m.latent_mode!r} latent rows; this protocol's "
-                                  f"senders think with latent_mode={self.latent_mode!r}")
             self._maps[key] = m.to(receiver.device)
         return self._maps[key]
 

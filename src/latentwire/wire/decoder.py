@@ -188,10 +188,8 @@ def _check_expect(sender: Geometry, kind: str, expect) -> None:
                 raise GeometryMismatchError(f"header.sender.geometry: does not fit this receiver: {e}") from None
             return
         want = (expect.model, expect.tokenizer, expect.hidden_size)
-    elif isinstance(expect, tuple) and len(expect) == 2 and all(isinstance(x, str) for x in expect):
+    else:  # (model, tokenizer): its type was checked before the payload was read
         want = (*expect, None)
-    else:
-        raise ConfigError(f"expect: want the receiver's Geometry or (model, tokenizer), got {type(expect).__name__}")
     have = (sender.model, sender.tokenizer, sender.hidden_size)
     for name, w, h in zip(("model", "tokenizer", "hidden_size"), want, have):
         if w is not None and w != h:
