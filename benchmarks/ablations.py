@@ -28,7 +28,8 @@ from latentwire.agent import Agent
 from latentwire.bench.episode import Episode
 from latentwire.errors import ConfigError
 from latentwire.bench.metrics import paired_bootstrap_diff
-from latentwire.bench.runner import environment, load_task_episodes, parse_filters, select_episodes
+from latentwire.bench.folder import environment
+from latentwire.bench.runner import load_task_episodes, parse_filters, select_episodes
 from latentwire.protocols.cacheback import CacheBack, document_rows
 from latentwire.select.cacheback import CacheBackSelector
 

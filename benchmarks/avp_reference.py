@@ -27,7 +27,7 @@ import torch
 
 from latentwire.agent import KV_PROMPT, Agent
 from latentwire.bench.metrics import answer_scores, bootstrap_ci
-from latentwire.bench.runner import environment
+from latentwire.bench.folder import environment
 from latentwire.protocols.base import SENDER_PROMPT
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from latentwire.bench.runner import environment
+from latentwire.bench.folder import environment
 from latentwire.merge import CanonicalMerge, Fragment, FragmentSet
 from latentwire.agent import Agent
 from latentwire.state import Geometry, KVState, LayerKV

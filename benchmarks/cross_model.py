@@ -42,7 +42,9 @@ from latent_vs_text import cell_episodes, commands, ensure_episodes, log_command
 
 from latentwire.agent import Agent  # noqa: E402
 from latentwire.bench.report import compare, verdict_table  # noqa: E402
-from latentwire.bench.runner import drop_cut_lines, environment, finished, hardware, jsonl_lines, run_episode  # noqa: E402
+from latentwire.bench.episode import jsonl_lines  # noqa: E402
+from latentwire.bench.folder import drop_cut_lines, environment, finished, hardware  # noqa: E402
+from latentwire.bench.runner import run_episode  # noqa: E402
 from latentwire.errors import LatentWireError  # noqa: E402
 from latentwire.protocols import get_protocol  # noqa: E402
 from latentwire.protocols.cacheback_x import CacheBackX  # noqa: E402

@@ -34,7 +34,8 @@ import numpy as np
 import torch
 
 from latentwire.agent import KV_PROMPT, Agent
-from latentwire.bench.runner import environment, jsonl_lines
+from latentwire.bench.episode import jsonl_lines
+from latentwire.bench.folder import environment
 from latentwire.bench.tasks import facts
 from latentwire.protocols.base import SENDER_PROMPT
 from latentwire.protocols.cacheback import CacheBack

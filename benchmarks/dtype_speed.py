@@ -28,7 +28,8 @@ import torch
 from latentwire.agent import Agent
 from latentwire.bench.metrics import bootstrap_ci
 from latentwire.bench.report import read_run
-from latentwire.bench.runner import RunConfig, environment, parse_filters, run
+from latentwire.bench.folder import environment
+from latentwire.bench.runner import RunConfig, parse_filters, run
 from latentwire.demo import DOCUMENTS
 
 ROOT = Path(__file__).resolve().parents[1]

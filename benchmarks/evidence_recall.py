@@ -24,7 +24,8 @@ from latentwire.agent import Agent
 from latentwire.bench.episode import span_token_positions
 from latentwire.bench.metrics import bootstrap_ci
 from latentwire.errors import PressUnsupportedError
-from latentwire.bench.runner import environment, load_task_episodes, parse_filters, select_episodes
+from latentwire.bench.folder import environment
+from latentwire.bench.runner import load_task_episodes, parse_filters, select_episodes
 from latentwire.protocols.cacheback import CacheBack, document_rows, kept_document_spans
 from latentwire.select import always_kept, fanin_budget, get_selector, select_rows, sentence_groups
 

@@ -65,7 +65,7 @@ def main(argv=None) -> None:
         p.error("--n-texts must be ≥ 1 and --heldout ≥ 0")
 
     from latentwire.agent import Agent
-    from latentwire.bench.runner import environment
+    from latentwire.bench.folder import environment
     from latentwire.translate.latent_map import fit_latent_map
 
     sender = Agent.from_pretrained(args.sender, device=args.device, dtype=args.dtype)

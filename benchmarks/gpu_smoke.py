@@ -73,7 +73,8 @@ def main() -> None:
     out_dir = args.out
     from latentwire.agent import Agent
     from latentwire.bench.report import read_run, summarize
-    from latentwire.bench.runner import RunConfig, environment, run
+    from latentwire.bench.folder import environment
+    from latentwire.bench.runner import RunConfig, run
     from latentwire.bench.tasks import load_task
     from latentwire.protocols.cacheback import CacheBack, document_rows
 

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from latentwire.agent import Agent
-from latentwire.bench.runner import environment
+from latentwire.bench.folder import environment
 from latentwire.bench.tasks.facts import episodes as facts_episodes
 from latentwire.merge import BagMerge, CanonicalMerge, Fragment
 from latentwire.protocols.base import SENDER_PROMPT, timed

@@ -50,7 +50,8 @@ import torch
 from kvpress.utils import compute_n_kept
 
 from latentwire.agent import Agent
-from latentwire.bench.runner import environment, load_task_episodes, parse_filters, select_episodes
+from latentwire.bench.folder import environment
+from latentwire.bench.runner import load_task_episodes, parse_filters, select_episodes
 from latentwire.protocols.base import SENDER_PROMPT
 from latentwire.protocols.cacheback import document_rows
 from latentwire.select import get_selector

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from latentwire.agent import Agent
-from latentwire.bench.runner import environment
+from latentwire.bench.folder import environment
 from latentwire.demo import DOCUMENTS, EPISODES
 from latentwire.protocols import get_protocol
 from latentwire.transport import AgentSpec, InProcessTransport, run_protocol

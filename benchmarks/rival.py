@@ -35,8 +35,9 @@ from latentwire.bench.episode import load_episodes, span_token_positions  # noqa
 from latentwire.bench.metrics import bootstrap_ci, evidence_recall, paired_bootstrap_diff  # noqa: E402
 from latentwire.bench.report import compare, read_run, verdict, with_holm, write_report  # noqa: E402
 from latentwire.bench.report import PAIRING_NOTE, VERDICT_HEADER  # noqa: E402
-from latentwire.bench.runner import (RunConfig, check_resume, drop_cut_lines, finished, hardware, jsonl_lines,  # noqa: E402
-                                     run_episode, run_lock, write_config)
+from latentwire.bench.episode import jsonl_lines  # noqa: E402
+from latentwire.bench.folder import check_resume, drop_cut_lines, finished, hardware, run_lock, write_config  # noqa: E402
+from latentwire.bench.runner import RunConfig, run_episode  # noqa: E402
 from latentwire.protocols import get_protocol  # noqa: E402
 from latentwire.protocols.reads import shared_reads  # noqa: E402
 from latentwire.bench.tasks import TASKS  # noqa: E402

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from latentwire.agent import Agent
-from latentwire.bench.runner import environment
+from latentwire.bench.folder import environment
 from latentwire.bench.tasks.facts import episodes as facts_episodes
 from latentwire.protocols.base import SENDER_PROMPT
 from latentwire.protocols.cacheback import CacheBack, document_rows

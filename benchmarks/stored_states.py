@@ -50,8 +50,8 @@ from latentwire.bench.metrics import bootstrap_ci  # noqa: E402
 from latentwire.bench.report import cluster_means, compare, read_run, verdict, with_holm, write_report  # noqa: E402
 from latentwire.bench.report import CLUSTER_NOTE, VERDICT_HEADER  # noqa: E402
 from latentwire.bench.episode import load_episodes  # noqa: E402
-from latentwire.bench.runner import (RunConfig, check_resume, drop_cut_lines, finished, run_episode,  # noqa: E402
-                                     run_lock, write_config)
+from latentwire.bench.folder import check_resume, drop_cut_lines, finished, run_lock, write_config  # noqa: E402
+from latentwire.bench.runner import RunConfig, run_episode  # noqa: E402
 from latentwire.bench.tasks import aggregate, facts  # noqa: E402
 from latentwire.protocols import get_protocol  # noqa: E402
 from latentwire.placement import dtype_name  # noqa: E402

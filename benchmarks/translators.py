@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from latentwire.agent import Agent
-from latentwire.bench.pair_runner import read_records, run_pairs
+from latentwire.bench.pair_runner import run_pairs
 from latentwire.bench.runner import parse_protocols
 from latentwire.bench.tasks.pairs import pairs
 from latentwire.protocols.pair import own_prompt

@@ -23,7 +23,7 @@ from train_translators import GRID, PAIRS, ROWS, TRAINED, median  # noqa: E402  
 
 from latentwire.bench.metrics import bootstrap_ci, holm, sign_flip_exact, stratified_bootstrap_ci  # noqa: E402
 from latentwire.bench.report import holm_note  # noqa: E402
-from latentwire.bench.runner import hardware  # noqa: E402
+from latentwire.bench.folder import hardware  # noqa: E402
 
 METHOD_ROW = {method: label for label, method, _ in TRAINED}
 SHARED_CONTEXT = ("c2c", "c2c (input gate)")  # both models read both documents

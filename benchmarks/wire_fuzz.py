@@ -38,7 +38,7 @@ from wire_fuzz_inputs import KEY, OPS, SIGNER, handmade, make_input, sealed_seed
 
 from latentwire import wire  # noqa: E402
 from latentwire.agent import Agent  # noqa: E402
-from latentwire.bench.runner import environment  # noqa: E402
+from latentwire.bench.folder import environment  # noqa: E402
 from latentwire.errors import LatentWireError  # noqa: E402
 from latentwire.message import Rows  # noqa: E402
 from latentwire.models import get_zoo_model, tiny_model  # noqa: E402

@@ -184,34 +184,34 @@ def test_resume_drops_a_line_cut_short_and_refuses_another_n(tiny_task, tmp_path
 
 
 def test_one_run_per_folder_and_files_written_whole(tiny_task, tmp_path, monkeypatch):
-    from latentwire.bench import runner
+    from latentwire.bench import folder, runner
     from latentwire.errors import ConfigError
 
     agent = Agent(tiny_model("llama"), tiny_tokenizer(), "llama", context_window=1000)
     out, cfg = tmp_path / "run", RunConfig(str(tiny_task), "alone(max_new_tokens=1)", "llama")
-    with runner.run_lock(tmp_path):  # another process writing the folder: refused before anything is written
+    with folder.run_lock(tmp_path):  # another process writing the folder: refused before anything is written
         out.mkdir()
         (out / "config.json").write_text("{}")  # the holder's, written after the refused run looked
-        with runner.run_lock(out), pytest.raises(ConfigError, match="another run"):
+        with folder.run_lock(out), pytest.raises(ConfigError, match="another run"):
             run(cfg, out, progress=False, agent=agent)
-        assert sorted(p.name for p in out.iterdir()) == [runner.LOCK, "config.json"]  # nothing written or removed
+        assert sorted(p.name for p in out.iterdir()) == [folder.LOCK, "config.json"]  # nothing written or removed
         (out / "config.json").unlink()
     run(cfg, out, progress=False, agent=agent)
     rec = out / "records.jsonl"
     before = rec.stat().st_ino
-    runner.drop_cut_lines(rec)  # nothing to drop: the file is not rewritten (a rewrite replaces the inode)
+    folder.drop_cut_lines(rec)  # nothing to drop: the file is not rewritten (a rewrite replaces the inode)
     assert rec.stat().st_ino == before
     text = rec.read_text()
     rec.write_text(text.rstrip("\n"))  # whole records, the last one's newline lost: restored, nothing dropped
-    runner.drop_cut_lines(rec)
+    folder.drop_cut_lines(rec)
     assert rec.read_text() == text
     line = json.dumps({"episode": "e9", "protocol": "x", "answer": "a\u2028b\x85c"}, ensure_ascii=False)
     rec.write_text(text + line + "\n")  # line separators inside a string: one record, kept whole
-    runner.drop_cut_lines(rec)
-    assert rec.read_text() == text + line + "\n" and ("e9", "x") in runner.finished(rec, "episode")
+    folder.drop_cut_lines(rec)
+    assert rec.read_text() == text + line + "\n" and ("e9", "x") in folder.finished(rec, "episode")
     writes = []
-    real = runner.os.replace
-    monkeypatch.setattr(runner.os, "replace", lambda a, b: (writes.append(Path(b).name), real(a, b))[1])
+    real = folder.os.replace
+    monkeypatch.setattr(folder.os, "replace", lambda a, b: (writes.append(Path(b).name), real(a, b))[1])
     run(RunConfig(str(tiny_task), "alone(max_new_tokens=1),alone(max_new_tokens=2)", "llama"), out, progress=False,
         agent=agent)
     assert writes == ["config.json"] and not list(out.glob(".*.tmp"))  # config.json replaced whole

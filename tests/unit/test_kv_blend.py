@@ -38,7 +38,7 @@ def test_recomputing_every_row_is_the_re_prefill_of_several_senders(agent_for, a
     kw = dict(ratio=2, latent_steps=2, max_new_tokens=3)
     rows = CacheBack(**kw).run([agent, agent], [DOC, OTHER], agent, Q)
     blend = CacheBack(encoding="kv_blend", recompute=1.0, **kw).run([agent, agent], [DOC, OTHER], agent, Q)
-    plain = CacheBack(encoding="kv_blend", recompute=0.0, **kw).run([agent, agent], [DOC, OTHER], agent, Q)
+    CacheBack(encoding="kv_blend", recompute=0.0, **kw).run([agent, agent], [DOC, OTHER], agent, Q)  # seen[2]
     apart = CacheBack(encoding="kv_reencoded", recompute=1.0, **kw).run([agent, agent], [DOC, OTHER], agent, Q)
     assert close(seen, 0, 1) and blend.answer == rows.answer and blend.kept_spans == rows.kept_spans
     assert close(seen, 0, 3) and apart.answer == rows.answer  # senders' rows encoded apart, then all recomputed

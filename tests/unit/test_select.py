@@ -178,8 +178,6 @@ def test_follow_up_query_rescores_the_stored_state_without_rerunning_the_sender(
     assert torch.equal(first, proto.choose(agent, state, "How many bolts?"))
     assert len(first) == len(second)  # same budget; the rows may differ with the query
     # each question is scored afresh on the stored state: the selection is the one its own scores give
-    from latentwire.select import always_kept, fanin_budget, select_rows
-
     for q, rows in (("How many bolts?", first), ("How many nails?", second)):
         want = select_rows(proto.scores(agent, state, q), fanin_budget(len(state), proto.ratio), always_kept(state),
                            proto.span)

@@ -19,7 +19,8 @@ from ..protocols.base import Outcome
 from ..protocols.pair import PairProtocol, get_pair_protocol
 from .metrics import answer_scores
 from .episode import jsonl_lines
-from .runner import _memory, describe_protocols, open_run, parse_protocols, placement_record, write_config
+from .folder import open_run, write_config
+from .runner import describe_protocols, memory_usage, parse_protocols, placement_record
 from .tasks.pairs import Pair, pairs
 
 RECORDS, CONFIG = "records.jsonl", "config.json"
@@ -75,7 +76,7 @@ def run_pair(protocol: PairProtocol, label: str, pair: Pair, sharer: Agent, rece
                       "sender_seconds": [],
                       "receiver_seconds": None, "message_bytes": None, "receiver_context": None, "details": {},
                       "error": f"{type(e).__name__}: {e}"}
-    return rec | _memory()
+    return rec | memory_usage()
 
 
 def _scored(out: Outcome, pair: Pair) -> dict:
