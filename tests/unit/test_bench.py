@@ -397,6 +397,36 @@ def test_bad_arguments_leave_no_run_folder(tiny_task, tmp_path):
         assert not out.exists(), swap
 
 
+def test_resuming_after_a_default_changed_is_refused(tiny_task, tmp_path):
+    """config.json records every parameter a protocol ran with, defaults included: a resume whose protocol would
+    run with another value under the same label is refused; a folder recorded before that gains them."""
+    agent = Agent(tiny_model("llama"), tiny_tokenizer(), "llama", context_window=1000)
+    out, label = tmp_path / "run", "alone(max_new_tokens=1)"
+    run(RunConfig(str(tiny_task), label, "llama", n=2), out, progress=False, agent=agent)
+    path = out / "config.json"
+    record = json.loads(path.read_text())
+    assert record["config"]["protocols"][label] == {"name": "alone", "params": {"max_new_tokens": 1},
+                                                   "parameters": {"max_new_tokens": 1}}
+    del record["config"]["protocols"][label]["parameters"]  # as an older run wrote it
+    path.write_text(json.dumps(record))
+    run(RunConfig(str(tiny_task), f"{label},alone", "llama", n=2), out, progress=False, agent=agent)
+    protocols = json.loads(path.read_text())["config"]["protocols"]
+    assert list(protocols) == [label, "alone"] and protocols[label]["parameters"] == {"max_new_tokens": 1}
+    assert protocols["alone"]["parameters"] == {"max_new_tokens": 48}
+    assert "parameters_since" in protocols[label] and "parameters_since" not in protocols["alone"]
+    record = json.loads(path.read_text())
+    record["config"]["protocols"]["alone"]["parameters"]["gone"] = 1  # a parameter on one side only: not compared
+    path.write_text(json.dumps(record))
+    run(RunConfig(str(tiny_task), "alone", "llama", n=2), out, progress=False, agent=agent)
+    record = json.loads(path.read_text())
+    record["config"]["protocols"]["alone"]["parameters"]["max_new_tokens"] = 32  # the default when it first ran
+    path.write_text(json.dumps(record))
+    lines = (out / "records.jsonl").read_text()
+    with pytest.raises(ConfigError, match="'alone' ran with other parameters \\(max_new_tokens: 32 there, 48 now"):
+        run(RunConfig(str(tiny_task), "alone", "llama", n=2), out, progress=False, agent=agent)
+    assert (out / "records.jsonl").read_text() == lines
+
+
 def test_run_failing_before_its_first_record_leaves_nothing(tiny_task, tmp_path, monkeypatch):
     import latentwire.bench.runner as runner
 

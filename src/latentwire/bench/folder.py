@@ -134,7 +134,8 @@ def run_folder(out_dir: Path, *files: Path) -> Iterator[Path]:
 
 
 def check_resume(cfg_path: Path, resolved: dict, keys: tuple[str, ...], rec_path: Path | None = None) -> dict | None:
-    """The folder's first config record, if any; ConfigError if it ran with other values of `keys`. A folder
+    """The folder's first config record, if any; ConfigError if it ran with other values of `keys`, or a protocol
+    label with another value of a parameter both runs recorded (`runner.protocol_record`). A folder
     whose records file (`rec_path`, default records.jsonl beside the config) is missing or empty holds no run:
     its config is ignored (and overwritten), so a corrected command can reuse the folder."""
     rec_path = cfg_path.parent / "records.jsonl" if rec_path is None else rec_path
@@ -148,19 +149,35 @@ def check_resume(cfg_path: Path, resolved: dict, keys: tuple[str, ...], rec_path
         differ = "; ".join(f"{k}: {first['config'].get(k)!r} there, {resolved[k]!r} now" for k in keys
                            if first["config"].get(k) != resolved[k])
         raise ConfigError(f"{cfg_path.parent} holds a run with another {'/'.join(keys)} ({differ}); use a new --out")
+    for label, spec in (first["config"].get("protocols", {}) if first else {}).items():
+        there, now = spec.get("parameters") or {}, resolved.get("protocols", {}).get(label, {}).get("parameters") or {}
+        # a parameter on one side only (added to the protocol since, or removed) is not compared: a new field's
+        # default keeps the old behaviour, which is the project's rule for adding one
+        if differ := [f"{k}: {there[k]!r} there, {now[k]!r} now" for k in sorted(there.keys() & now.keys())
+                      if there[k] != now[k]]:
+            raise ConfigError(f"{cfg_path.parent}: protocol {label!r} ran with other parameters ({'; '.join(differ)}; "
+                              "a default changed?); its records would mix two settings under one label: use a new "
+                              "--out")
     return first
 
 
 def write_config(cfg_path: Path, first: dict | None, resolved: dict, listing: dict) -> dict:
-    """config.json: the resolved config and environment; resuming keeps the first run's environment, logs
-    each resume's and adds new protocols. `listing` names what the run covers (episode / pair ids). Returns
+    """config.json: the resolved config and environment; resuming keeps the first run's environment and protocol
+    entries, logs each resume's and adds new protocols (an entry written before entries held every parameter gains
+    this run's, marked `parameters_since` with its run id: earlier records may have run with others). `listing` names what the run covers (episode / pair ids). Returns
     this invocation's environment, whose `run` id labels the records it writes."""
     env = environment()
     if first is None:
         record = {"config": resolved, "environment": env, "resumed": []}
     else:
         record = first | {"resumed": first.get("resumed", []) + [env]}
-        record["config"]["protocols"] = first["config"]["protocols"] | resolved["protocols"]
+        had, now = first["config"]["protocols"], resolved["protocols"]
+        kept = {}
+        for label, spec in had.items():
+            full = now.get(label, {}).get("parameters")
+            kept[label] = (spec | {"parameters": full, "parameters_since": env["run"]}
+                           if "parameters" not in spec and full is not None else spec)
+        record["config"]["protocols"] = kept | {label: spec for label, spec in now.items() if label not in had}
     replace_text(cfg_path, json.dumps(record | listing, indent=2) + "\n")
     return env
 

@@ -5,7 +5,8 @@
 
 `OUT/config.json` holds the resolved configuration (sharer, receiver, task, split, n, seed, protocols),
 the environment, and every resume's environment; `OUT/records.jsonl` one record per (pair, protocol).
-Re-running skips the records already written; another sharer/receiver/task/split/n/seed is refused.
+Re-running skips the records already written; another sharer/receiver/task/split/n/seed/placement is refused,
+and so is a protocol label whose parameters changed in between (`folder.check_resume`).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from ..protocols.pair import PairProtocol, get_pair_protocol
 from .metrics import answer_scores
 from .episode import jsonl_lines
 from .folder import open_run, write_config
-from .runner import describe_protocols, memory_usage, parse_protocols, placement_record
+from .runner import describe_protocols, memory_usage, parse_protocols, placement_record, protocol_record
 from .tasks.pairs import Pair, pairs
 
 RECORDS, CONFIG = "records.jsonl", "config.json"
@@ -43,7 +44,7 @@ def run_pairs(sharer_name: str, receiver_name: str, task: str, protocols: str, n
     built = {label: get_pair_protocol(name, **params) for label, (name, params) in specs.items()}
     todo_pairs = pairs(task, split, n, seed)
     config = {"sharer": sharer_name, "receiver": receiver_name, "task": task, "split": split, "n": n, "seed": seed,
-              "protocols": {label: {"name": name, "params": params} for label, (name, params) in specs.items()}}
+              "protocols": {label: protocol_record(name, params, built[label]) for label, (name, params) in specs.items()}}
     config |= placement_record(device, dtype, receiver)
     out_dir = Path(out_dir)
     cfg_path, rec_path = out_dir / CONFIG, out_dir / RECORDS

@@ -2,9 +2,9 @@
 
     latentwire bench run --task facts --protocols text,fullkv(latent_steps=8) --model smollm2-135m --n 20 --out runs/X
 
-`runs/X/config.json` holds the resolved configuration, package versions, git hash, seed and machine;
-`runs/X/records.jsonl` one record per (episode, protocol). Re-running the same command skips the
-records already written; a different configuration in the same folder is refused. Everything (protocols,
+`runs/X/records.jsonl` gets one record per (episode, protocol), `runs/X/config.json` the resolved configuration
+(the folder's mechanics, resuming included, are `folder.py`'s). Re-running the same command skips the records
+already written; a different configuration in the same folder is refused. Everything (protocols,
 their parameters, the task, the placement, the model) is validated before the folder is created, and a run
 that fails before its first record leaves no folder or config.json behind.
 """
@@ -105,10 +105,22 @@ class RunConfig:
     dtype: str | None = None  # None = bf16 where the device runs it natively, else fp32
 
     def resolved(self, agent: Agent | None = None) -> dict:
-        """The config with protocols parsed and device/dtype as they will run (the given agent's, if any)."""
+        """The config with protocols parsed and built (`protocol_record`: an unknown name or a bad value is refused
+        here) and device/dtype as they will run (the given agent's, if any)."""
         d = asdict(self)
-        d["protocols"] = {label: {"name": n, "params": p} for label, (n, p) in parse_protocols(self.protocols).items()}
+        d["protocols"] = {label: protocol_record(n, p, get_protocol(n, **p))
+                          for label, (n, p) in parse_protocols(self.protocols).items()}
         return d | placement_record(self.device, self.dtype, agent)
+
+
+def protocol_record(name: str, params: dict, protocol) -> dict:
+    """A protocol as config.json records it: the spec as given and every parameter of the protocol itself, defaults
+    included, so that resuming after a default changed is refused instead of mixing two settings under one label.
+    Not covered: the defaults of a selector it builds by name, and what a file it names holds; a value JSON cannot
+    hold is recorded by its type (a path as its text)."""
+    full = json.dumps(protocol_parameters(protocol),
+                      default=lambda v: os.fspath(v) if isinstance(v, os.PathLike) else f"<{type(v).__name__}>")
+    return {"name": name, "params": params, "parameters": json.loads(full)}
 
 
 def placement_record(device, dtype, agent: Agent | None = None) -> dict:
