@@ -6,7 +6,8 @@
 
 The score (docs/methods.md, "CacheBack scores") is S_t = Q_t · C_t^p with C_t a ratio of
 `inner_power`-th powers, summed over KV heads after averaging layers. Each variant changes the
-`cacheback` selector's fields (`p`, `inner_power`, `correction_over`, `pooling`, `window`, `min_depth`)
+`cacheback` selector's fields (`p`, `inner_power`, `correction_over`, `pooling`, `window`, `min_depth`,
+`max_depth`)
 or CacheBack's scoring fields (`calibration`, `probe`, `query_format`) and nothing else: the same read of
 each document (prefill + G latent steps, shared by every variant), the same question (the receiver's turn), span mode (`--span-mode`, default sentence) and budget
 B = ceil(T / r). Recall = gold evidence tokens kept ÷ gold evidence tokens, pooled per episode, as

@@ -1,6 +1,6 @@
 """The query's attention over a finished state, read from hooks under any attention implementation.
 
-`Agent.attend`, `Agent.attend_grouped` and `Agent.query_attention` call these. The state is not
+CacheBack reads a state through these (and `latentwire check` measures them). The state is not
 re-run: the query's tokens go through the model with its own attention kernel (eager, sdpa, flash)
 while hooks capture each global layer's query projection and RoPE cos/sin; the weights are rebuilt
 in float32 as eager attention computes them. CacheBack scores with them (docs/methods.md,
@@ -33,33 +33,50 @@ def attend(agent: Agent, state: KVState, query: str) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def attend_grouped(agent: Agent, state: KVState, query: str, min_depth: float = 0.0) -> torch.Tensor:
+def attend_grouped(agent: Agent, state: KVState, query: str, min_depth: float = 0.0,
+                   max_depth: float = 1.0) -> torch.Tensor:
     """(S, m, T) float32: the query's attention averaged over global layers and over the query heads
     that share each KV head — what CacheBack scores — accumulated layer by layer, so the full
-    (L_g, H_q, m, T) tensor is never held. `min_depth`: only the scoring layers at that relative depth or
-    deeper (`scoring_layers`)."""
+    (L_g, H_q, m, T) tensor is never held. `min_depth` / `max_depth`: only the scoring layers at relative depth
+    in [min_depth, max_depth) (`scoring_layers`)."""
     total, n, S = None, 0, state.geometry.num_kv_heads
-    for _, w in query_attention(agent, state, query, min_depth):  # (H_q, m, T + m), contiguous
+    for _, w in query_attention(agent, state, query, min_depth, max_depth):  # (H_q, m, T + m), contiguous
         g = w.view(S, -1, *w.shape[-2:]).mean(dim=1)  # (S, m, T + m)
         total, n = (g if total is None else total.add_(g)), n + 1
     return total[..., :len(state)] / n  # (S, m, T)
 
 
-def scoring_layers(layer_types, min_depth: float = 0.0) -> list[int]:
+def scoring_layers(layer_types, min_depth: float = 0.0, max_depth: float = 1.0) -> list[int]:
     """The layers a query's attention is read on: every global layer (or, when every layer slides, every layer)
-    whose relative depth i / L is at least `min_depth`; the deepest of them when none is that deep."""
+    whose relative depth i / L is in [min_depth, max_depth); when none is, the deepest of them below max_depth
+    (the shallowest if none is)."""
     if not 0.0 <= min_depth < 1.0:
         raise ValueError(f"min_depth must be in [0, 1), got {min_depth!r}")
+    if not min_depth < max_depth <= 1.0:
+        raise ValueError(f"max_depth must be in (min_depth, 1] = ({min_depth!r}, 1], got {max_depth!r}")
     L = len(layer_types)
     layers = [i for i, t in enumerate(layer_types) if t == "global"] or list(range(L))
-    return [i for i in layers if i / L >= min_depth] or layers[-1:]
+    if band := [i for i in layers if min_depth <= i / L < max_depth]:
+        return band
+    return [i for i in layers if i / L < max_depth][-1:] or layers[:1]
 
 
-def query_attention(agent: Agent, state: KVState, query: str, min_depth: float = 0.0):
+class _Stop(Exception):
+    """Raised by a hook after the deepest scoring layer: the layers above it cannot change what was captured."""
+
+
+def _stop(module, args, output):
+    raise _Stop
+
+
+@torch.inference_mode()
+def query_attention(agent: Agent, state: KVState, query: str, min_depth: float = 0.0, max_depth: float = 1.0):
     """Yield (layer index, (H_q, m, T + m) float32 attention weights) for each global layer (those at relative
-    depth ≥ `min_depth`: `scoring_layers`): the columns are the state's T rows, then the query's own m tokens
-    (causal). A model whose layers all slide is scored on every layer while its window holds all T + m rows;
-    beyond that, StateFormatError.
+    depth in [`min_depth`, `max_depth`): `scoring_layers`): the columns are the state's T rows, then the query's
+    own m tokens (causal). A model whose layers all slide is scored on every layer while its window holds all
+    T + m rows; beyond that, StateFormatError. The query stops after the deepest scoring layer: with
+    max_depth = 0.5 it costs about half a forward, and the weights are those of the whole forward (layer i reads
+    nothing above it).
 
     The state is not re-run: the m query tokens go through the model with its own attention
     implementation (eager, sdpa, flash), while hooks capture each global layer's query projection
@@ -76,7 +93,7 @@ def query_attention(agent: Agent, state: KVState, query: str, min_depth: float =
         if T + m >= window:
             raise StateFormatError(f"every layer of {state.geometry.model} slides (window {window}): its attention "
                                    f"can score {window - 1} rows, not a state of {T} rows plus a {m}-token query")
-    layers = scoring_layers(state.geometry.layer_types, min_depth)
+    layers = scoring_layers(state.geometry.layer_types, min_depth, max_depth)
     captured: dict[int, list] = {i: [None, None] for i in layers}  # layer -> [q projection, (cos, sin)]
     hooks = []
     for i in layers:
@@ -85,11 +102,13 @@ def query_attention(agent: Agent, state: KVState, query: str, min_depth: float =
         hooks.append(attn.register_forward_pre_hook(
             lambda mod, args, kwargs, i=i: captured[i].__setitem__(1, kwargs.get("position_embeddings")),
             with_kwargs=True))
+    hooks.append(agent.decoder.layers[layers[-1]].register_forward_hook(_stop))
     cache = state.compact().to_cache()
     try:
-        with torch.inference_mode():
-            agent.decoder(input_ids=ids[None], **cache_arg(agent.decoder, cache), use_cache=True,
-                          position_ids=torch.arange(T, T + m, device=agent.device)[None])
+        agent.decoder(input_ids=ids[None], **cache_arg(agent.decoder, cache), use_cache=True,
+                      position_ids=torch.arange(T, T + m, device=agent.device)[None])
+    except _Stop:
+        pass
     finally:
         for h in hooks:
             h.remove()

@@ -76,7 +76,8 @@ def test_inner_and_outer_exponents_are_separate():
 
 @pytest.mark.parametrize("bad", [{"p": -1}, {"p": float("inf")}, {"p": True}, {"inner_power": 0},
                                  {"inner_power": -2.0}, {"inner_power": float("nan")}, {"correction_over": "layer"},
-                                 {"min_depth": 1.0}, {"min_depth": -0.5}, {"min_depth": "0.5"}])
+                                 {"min_depth": 1.0}, {"min_depth": -0.5}, {"min_depth": "0.5"}, {"max_depth": 0},
+                                 {"max_depth": 1.5}, {"max_depth": True}, {"min_depth": 0.5, "max_depth": 0.4}])
 def test_bad_exponents_and_groups_are_refused(bad):
     with pytest.raises(ConfigError):
         get_selector("cacheback", **bad)
@@ -135,6 +136,19 @@ def test_min_depth_scores_on_the_deeper_layers_under_both_groupings(agent_for):
                            get_selector("cacheback").score(agent, state, QUERY))
     assert torch.equal(get_selector("cacheback", min_depth=0.5, correction_over="layer_kv_head").score(
         agent, state, QUERY), cacheback_scores(deep, 2.0, "avg", 7, groups=per_layer.double().flatten(0, 1)))
+
+
+def test_max_depth_scores_on_the_shallower_layers(agent_for):
+    """max_depth = 0.5 on the three-layer tiny Llama keeps layers 0 and 1 (0, 1/3 < 0.5): CacheBack's formula on
+    their attention, from a query that stopped after layer 1."""
+    agent = agent_for("llama")
+    state = agent.think(agent.prefill(DOC), steps=2)
+    shallow = attend_grouped(agent, state, QUERY, 0.0, 0.5).double()
+    b, per_layer = grouped_attention_by_layer(agent, state, QUERY, 0.0, 0.5)
+    assert per_layer.shape[0] == 2 and torch.equal(b.double(), shallow)
+    assert torch.equal(get_selector("cacheback", max_depth=0.5).score(agent, state, QUERY),
+                       cacheback_scores(shallow, 2.0, "avg", 7))
+    assert not torch.equal(shallow, attend_grouped(agent, state, QUERY).double())
 
 
 # -- CanonicalMerge direction in the merge protocol -----------------------------------------------------

@@ -106,3 +106,32 @@ def test_min_depth_averages_the_deeper_scoring_layers_only(arch, tokenizer):
     for bad in (-0.1, 1.0):
         with pytest.raises(ValueError, match="min_depth"):
             scoring_layers(types, bad)
+
+
+def test_max_depth_stops_the_query_after_its_deepest_scoring_layer(arch, tokenizer):
+    """query_attention(max_depth=d) yields the global layers at relative depth < d with the very weights of the
+    whole forward (a layer reads nothing above it), and runs no layer above the deepest of them."""
+    from latentwire.attention import query_attention, scoring_layers
+
+    agent = Agent(tiny_model(arch).to(DEVICE), tokenizer, model_name=arch)
+    state = agent.think(agent.prefill(DOC), steps=2)
+    types, L = state.geometry.layer_types, len(state.geometry.layer_types)
+    glob = [i for i, t in enumerate(types) if t == "global"]
+    full = dict(query_attention(agent, state, QUERY))
+    ran = []
+    hooks = [layer.register_forward_pre_hook(lambda mod, args, i=i: ran.append(i))
+             for i, layer in enumerate(agent.decoder.layers)]
+    try:
+        for d in (0.3, 0.7, 1.0):
+            ran.clear()
+            keep = scoring_layers(types, 0.0, d)
+            assert keep == ([i for i in glob if i / L < d] or glob[:1])
+            got = dict(query_attention(agent, state, QUERY, max_depth=d))
+            assert list(got) == keep and all(torch.equal(got[i], full[i]) for i in keep)
+            assert ran == list(range(keep[-1] + 1))  # nothing above the deepest scoring layer ran
+    finally:
+        for h in hooks:
+            h.remove()
+    for lo, hi in ((0.5, 0.5), (0.0, 0.0), (0.0, 1.5)):
+        with pytest.raises(ValueError, match="max_depth"):
+            scoring_layers(types, lo, hi)

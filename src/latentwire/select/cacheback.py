@@ -57,12 +57,12 @@ def grouped_attention(attn: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def grouped_attention_by_layer(agent: Agent, state: KVState, query: str,
-                               min_depth: float = 0.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """The layer-averaged (S, m, T) grouped attention, exactly as `Agent.attend_grouped` returns it, and
+def grouped_attention_by_layer(agent: Agent, state: KVState, query: str, min_depth: float = 0.0,
+                               max_depth: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer-averaged (S, m, T) grouped attention, exactly as `attention.attend_grouped` returns it, and
     the (L_g, S, m, T) per-layer grouped attention it averages, from one pass of the query."""
     per_layer, total, n, S, T = [], None, 0, state.geometry.num_kv_heads, len(state)
-    for _, w in query_attention(agent, state, query, min_depth):  # (H_q, m, T + m)
+    for _, w in query_attention(agent, state, query, min_depth, max_depth):  # (H_q, m, T + m)
         g = w.view(S, -1, *w.shape[-2:]).mean(dim=1)  # (S, m, T + m)
         per_layer.append(g[..., :T].clone())
         total, n = (g if total is None else total.add_(g)), n + 1
@@ -100,6 +100,9 @@ class CacheBackSelector(Selector):
     # Score on the global layers at relative depth i / L ≥ min_depth only (0: every global layer). Deeper layers'
     # keys carry more of each row's context (whose drink "he drinks ..." is), shallow ones more of its surface.
     min_depth: float = 0.0
+    # ... and < max_depth (1: no bound). The question's forward stops after the deepest scoring layer, so 0.5 halves
+    # what scoring a held state costs once the question arrives (the selection may change: measure it).
+    max_depth: float = 1.0
 
     def __post_init__(self):
         if isinstance(self.p, bool) or not isinstance(self.p, (int, float)) or not 0 <= self.p < math.inf:
@@ -116,11 +119,16 @@ class CacheBackSelector(Selector):
         if isinstance(self.min_depth, bool) or not isinstance(self.min_depth, (int, float)) \
                 or not 0 <= self.min_depth < 1:
             raise ConfigError(f"min_depth must be a number in [0, 1), got {self.min_depth!r}")
+        if isinstance(self.max_depth, bool) or not isinstance(self.max_depth, (int, float)) \
+                or not self.min_depth < self.max_depth <= 1:
+            raise ConfigError(f"max_depth must be a number in (min_depth, 1] = ({self.min_depth}, 1], "
+                              f"got {self.max_depth!r}")
 
     def score(self, agent: Agent, state: KVState, query: str) -> torch.Tensor:
         if self.correction_over == "kv_head" or self.p == 0:
-            b = attend_grouped(agent, state, query, self.min_depth).double()  # (S, m, T)
+            b = attend_grouped(agent, state, query, self.min_depth, self.max_depth).double()  # (S, m, T)
             return cacheback_scores(b, self.p, self.pooling, self.window, self.inner_power)
-        b, per_layer = grouped_attention_by_layer(agent, state, query, self.min_depth)  # (S, m, T), (L_g, S, m, T)
+        b, per_layer = grouped_attention_by_layer(agent, state, query, self.min_depth, self.max_depth)
+        # b: (S, m, T), per_layer: (L_g, S, m, T)
         groups = per_layer.double().flatten(0, 1)  # (L_g · S, m, T)
         return cacheback_scores(b.double(), self.p, self.pooling, self.window, self.inner_power, groups)

@@ -20,8 +20,7 @@ From kvpress (its own scoring code, unchanged):
                                                      divided by the number of queries that see t (T - t),
                                                      mean over the query heads of the KV head. Needs the
                                                      attention weights: the recording prefill runs with
-                                                     eager attention (switched and restored as in
-                                                     `Agent.attend`)
+                                                     eager attention (switched, then restored)
     tova      TOVAPress                              attention of the last prefill token on t, mean over
                                                      all query heads; the last row gets max + 1
     knorm     KnormPress                             -‖k_t‖ (the key's L2 norm, negated)
