@@ -123,3 +123,52 @@ def test_bad_graph_state_and_bad_nodes_get_typed_errors(agents):
     node.release()  # dropped: a handle alone is refused again, with the way out
     with pytest.raises(ConfigError, match="put its document"):
         node({"question": "Q?", "reads": {"a": handle("a", "qwen2", str(torch.float32), DOCS["a"])}})
+
+
+def test_a_follow_up_keeps_the_fan_in_order_and_senders_choose_exactly(agents):
+    """Senders come in the order the earlier step wrote `reads` (a new document for one of them does not move it);
+    `senders` picks and orders them exactly; a handle names its own sender."""
+    node = fanin_node(SPEC, agents, receiver="r")
+    first = node({"question": "Which city?", "documents": DOCS})
+    new_c = "The red crate contains exactly 12 brass nails."
+    again = node({"question": "Which city?", "documents": {"c": new_c}, "reads": first["reads"]})
+    assert again["latentwire"]["senders"] == ["a", "b", "c"] and again["reads"]["c"] != first["reads"]["c"]
+    assert again["latentwire"]["held_reads"] == 2  # a and b held, c read afresh
+    two = node({"question": "Which city?", "reads": first["reads"], "senders": ["b", "a"]})
+    assert two["latentwire"]["senders"] == ["b", "a"] and set(two["reads"]) == {"a", "b"}
+    for bad in (["a", "a"], "a", ["zed"]):
+        with pytest.raises(ConfigError, match="senders"):
+            node({"question": "Q?", "reads": first["reads"], "senders": bad})
+    with pytest.raises(ConfigError, match="is not 'a''s"):
+        node({"question": "Q?", "reads": {"a": first["reads"]["b"]}})
+    with pytest.raises(ConfigError, match="must map names"):
+        fanin_node(SPEC, [agents["a"], agents["r"]])
+
+
+def test_concurrent_steps_run_one_at_a_time(agents):
+    """Two graph requests on one node at once (ainvoke from a server): the steps do not interleave."""
+    import threading
+    import time
+
+    node = fanin_node(SPEC, agents, receiver="r")
+    real, inside, most = node.protocol, [0], [0]
+
+    class Spy:
+        def run(self, *args):
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+            time.sleep(0.05)
+            try:
+                return real.run(*args)
+            finally:
+                inside[0] -= 1
+
+    node.protocol = Spy()
+    answers = []
+    step = lambda: answers.append(node({"question": "Which city?", "documents": DOCS})["answer"])  # noqa: E731
+    threads = [threading.Thread(target=step) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert most[0] == 1 and len(answers) == 3 and len(set(answers)) == 1

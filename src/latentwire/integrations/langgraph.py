@@ -6,8 +6,10 @@
 
 State the node reads (plain JSON, so any LangGraph checkpointer can store it):
     question   str, required
-    documents  {sender name: text}, in fan-in order; a sender may instead be named by a handle in `reads`
+    documents  {sender name: text}; a sender may instead be named by a handle in `reads`
     reads      {sender name: handle} written by an earlier step: the sender holds that document's read
+    senders    [sender name, ...], optional: exactly these senders, in this fan-in order (default: the senders of
+               `reads`, in the order the earlier step wrote them, then those only in `documents`)
     receiver   str, optional (default: the node's)
 It writes `answer` (str), `reads` (the handles of what the senders now hold) and `latentwire`: the outcome's
 metadata (protocol, message bytes, receiver context, TTEOA, per-sender seconds, kept character spans, held
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping, TypedDict
@@ -43,6 +46,7 @@ class FaninState(TypedDict, total=False):
     question: str
     documents: dict[str, str]
     reads: dict[str, str]
+    senders: list[str]
     receiver: str
     answer: str
     latentwire: dict
@@ -81,6 +85,8 @@ class FaninNode:
     max_held_bytes: int = 4 * 2**30
     held: HeldReads = field(init=False, repr=False)
     _documents: dict = field(init=False, repr=False, default_factory=dict)  # handle -> document text
+    # one step at a time: concurrent steps (ainvoke from several requests) would interleave the held reads
+    _lock: threading.Lock = field(init=False, repr=False, compare=False, default_factory=threading.Lock)
 
     def __post_init__(self):
         if self.transport is None and not self.agents:
@@ -98,6 +104,10 @@ class FaninNode:
 
     # -- the node ---------------------------------------------------------------------------------
     def __call__(self, state: Mapping[str, Any]) -> dict:
+        with self._lock:
+            return self._step(state)
+
+    def _step(self, state: Mapping[str, Any]) -> dict:
         question, senders, documents, receiver = self._inputs(state)
         t0 = time.perf_counter()
         computed = served = indexes = None
@@ -127,8 +137,9 @@ class FaninNode:
 
     def release(self) -> None:
         """Drop every held read (the handles in graph states then need their documents again)."""
-        self.held.release()
-        self._documents.clear()
+        with self._lock:
+            self.held.release()
+            self._documents.clear()
 
     # -- helpers ----------------------------------------------------------------------------------
     def _inputs(self, state: Mapping[str, Any]) -> tuple[str, list[str], list[str], str]:
@@ -141,7 +152,14 @@ class FaninNode:
             raise ConfigError("graph state 'documents' and 'reads' must map sender names to text / handles")
         documents = dict(state.get("documents") or {})
         reads = dict(state.get("reads") or {})
-        senders = list(documents) + [s for s in reads if s not in documents]
+        if (senders := state.get("senders")) is not None:
+            if not isinstance(senders, list) or not all(isinstance(s, str) for s in senders) \
+                    or len(set(senders)) < len(senders):
+                raise ConfigError(f"graph state 'senders' must be a list of distinct sender names, got {senders!r}")
+            if missing := [s for s in senders if s not in documents and s not in reads]:
+                raise ConfigError(f"senders {missing} have neither a document nor a read handle in the graph state")
+        else:  # the earlier step's order (it wrote `reads` in fan-in order), then new senders
+            senders = list(reads) + [s for s in documents if s not in reads]
         if not senders:
             raise ConfigError("graph state names no senders: give 'documents' ({sender: text}) or 'reads' handles")
         texts = []
@@ -153,6 +171,8 @@ class FaninNode:
             elif not isinstance(reads[s], str):
                 raise ConfigError(f"read handle of {s!r} must be a string (as this node returned it), got "
                                   f"{type(reads[s]).__name__}")
+            elif reads[s].rpartition(":")[0] != s:
+                raise ConfigError(f"read handle {reads[s]!r} is not {s!r}'s (a handle names its sender first)")
             elif reads[s] in self._documents:
                 texts.append(self._documents[reads[s]])
             else:
@@ -179,4 +199,7 @@ def fanin_node(protocol: Protocol | str, agents: Mapping[str, Agent] | None = No
                transport: Transport | None = None, max_held_bytes: int = 4 * 2**30) -> FaninNode:
     """A LangGraph node (a callable: state -> partial update) running one fan-in `protocol` (an object or a spec
     string such as "cacheback(ratio=8)") among `agents` in process, or on `transport`'s nodes."""
+    if agents is not None and not isinstance(agents, Mapping):
+        raise ConfigError(f"agents must map names to latentwire Agents ({{'ann': agent, ...}}), got "
+                          f"{type(agents).__name__}")
     return FaninNode(_protocol(protocol), dict(agents or {}), receiver, transport, max_held_bytes)
