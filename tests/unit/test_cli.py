@@ -253,3 +253,45 @@ def test_ask_runs_the_protocols_that_fit_and_says_what_to_change(monkeypatch, ca
     assert "fullcontext: does not fit" in err and "larger ratio" in err
     assert out.startswith("retrieval(selector='lexical', ratio=64): ") and "bytes sent" in out
     assert cli.main(["ask", "Where?", str(tmp_path / "a.txt"), "--protocols", "fullcontext"]) == 2  # nothing ran
+
+
+def test_ask_reads_each_file_once_and_a_failing_protocol_lets_the_others_run(monkeypatch, capsys, tmp_path):
+    import json
+
+    from latentwire.errors import StateFormatError
+    from latentwire.protocols.fullcontext import FullContext
+
+    (tmp_path / "A.MD").write_bytes("\ufeffThe offsite is in Lisbon this year.".encode("utf-8"))  # a BOM, upper case
+    (tmp_path / "b.txt").write_text("Ana booked the hotel near the river.", encoding="utf-8")
+    names, texts = commands.read_documents([str(tmp_path), str(tmp_path / "b.txt")])  # b.txt twice: read once
+    assert names == [str(tmp_path / "A.MD"), str(tmp_path / "b.txt")]
+    assert texts == ["The offsite is in Lisbon this year.", "Ana booked the hotel near the river."]
+    _tiny_agent(monkeypatch)
+    monkeypatch.setattr(FullContext, "run", lambda *a, **k: (_ for _ in ()).throw(StateFormatError("no such layout")))
+    assert cli.main(["ask", "Where is the offsite?", str(tmp_path), "--json",
+                     "--protocols", "fullcontext,retrieval(selector='lexical', ratio=4)"]) == 0
+    out, err = capsys.readouterr()
+    rows = [json.loads(line) for line in out.splitlines()]  # --json: every stdout line is one JSON object
+    assert rows[0] == {"question": "Where is the offsite?", "turn": 0, "protocol": "fullcontext",
+                       "error": "StateFormatError: no such layout"}
+    assert rows[1]["protocol"].startswith("retrieval") and "answer" in rows[1]
+    assert "fullcontext: cannot run: StateFormatError: no such layout" in err
+
+
+def test_cli_refusals_before_any_model_loads(monkeypatch, capsys, tmp_path):
+    def no_load(args):
+        raise AssertionError("the model loaded before the arguments were checked")
+
+    monkeypatch.setattr(commands, "_load_agent", no_load)
+    (tmp_path / "a.txt").write_text("The offsite is in Lisbon.", encoding="utf-8")
+    assert cli.main(["ask", str(tmp_path / "a.txt"), str(tmp_path), "--then", "Where?"]) == 2  # no question first
+    assert "the first argument is the question" in capsys.readouterr().err
+    for flags in (["--attach"], ["--address", "auto"], ["--num-cpus", "4"]):
+        assert cli.main(["demo", *flags]) == 2
+        assert f"{flags[0]} only apply with --transport ray" in capsys.readouterr().err
+    (tmp_path / "empty.jsonl").write_text("\n", encoding="utf-8")
+    assert cli.main(["inspect", "--task", str(tmp_path / "empty.jsonl")]) == 2
+    assert "has no episodes" in capsys.readouterr().err
+    (tmp_path / "latin1.jsonl").write_bytes('{"id": "café"}\n'.encode("latin-1"))
+    assert cli.main(["inspect", "--task", str(tmp_path / "latin1.jsonl")]) == 2
+    assert "TaskFormatError" in (err := capsys.readouterr().err) and "not UTF-8" in err

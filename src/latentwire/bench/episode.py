@@ -106,21 +106,24 @@ def episode_from_dict(d: dict) -> Episode:
 def load_episodes(path: str | Path) -> list[Episode]:
     """Read a JSONL task file; any bad line raises TaskFormatError naming file, line and field."""
     path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise TaskFormatError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from e
     episodes, seen = [], set()
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                ep = episode_from_dict(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise TaskFormatError(f"{path}:{n}: not JSON ({e.msg})") from e
-            except TaskFormatError as e:
-                raise TaskFormatError(f"{path}:{n}: {e}") from e
-            if ep.id in seen:
-                raise TaskFormatError(f"{path}:{n}: id: duplicate {ep.id!r}")
-            seen.add(ep.id)
-            episodes.append(ep)
+    for n, line in enumerate(text.split("\n"), 1):  # "\n" only, as `jsonl_lines`: keeps line numbers
+        if not line.strip():
+            continue
+        try:
+            ep = episode_from_dict(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise TaskFormatError(f"{path}:{n}: not JSON ({e.msg})") from e
+        except TaskFormatError as e:
+            raise TaskFormatError(f"{path}:{n}: {e}") from e
+        if ep.id in seen:
+            raise TaskFormatError(f"{path}:{n}: id: duplicate {ep.id!r}")
+        seen.add(ep.id)
+        episodes.append(ep)
     return episodes
 
 

@@ -88,7 +88,7 @@ def _add_demo(sub) -> None:
                       help="ray: each agent a Ray actor (own process), messages signed wire bytes (cacheback, fullkv)")
     demo.add_argument("--address", default=None, help="ray: an existing cluster (e.g. ray://head:10001 or auto); "
                                                       "default RAY_ADDRESS, else a local Ray")
-    demo.add_argument("--num-cpus", type=int, default=2, help="ray: CPUs of a local Ray")
+    demo.add_argument("--num-cpus", type=int, default=None, help="ray: CPUs of a local Ray (default 2)")
     demo.add_argument("--attach", action="store_true", help="ray: use the agents `latentwire serve` started")
     _placement_args(demo)
     demo.set_defaults(fn=_demo)
@@ -100,7 +100,7 @@ def _add_serve(sub) -> None:
     serve.add_argument("--model", default="smollm2-135m", help="bundled model name or local HF directory")
     serve.add_argument("--senders", type=int, default=3, help="sender agents (plus one receiver)")
     serve.add_argument("--address", default=None, help="an existing Ray cluster; default RAY_ADDRESS, else local")
-    serve.add_argument("--num-cpus", type=int, default=2, help="CPUs of a local Ray")
+    serve.add_argument("--num-cpus", type=int, default=None, help="CPUs of a local Ray (default 2)")
     _placement_args(serve)
     serve.set_defaults(fn=_serve)
 
@@ -117,7 +117,8 @@ def _add_bench(sub) -> None:
 def _add_bench_run(bench) -> None:
     """Adds `latentwire bench run` to `bench` (the sub-parsers of `latentwire bench`)."""
     brun = bench.add_parser("run", help="one JSONL record per episode × protocol (resumable)")
-    brun.add_argument("--task", required=True, help="shipped task name (facts, code, reasoning) or a .jsonl path")
+    brun.add_argument("--task", required=True, help="shipped task name (facts, code, reasoning, paraphrase, coref, "
+                                                     "aggregate) or a .jsonl path")
     brun.add_argument("--protocols", required=True, help="e.g. text,fullkv(latent_steps=8)")
     brun.add_argument("--model", default="smollm2-135m", help="bundled model name, local HF directory or hub id")
     brun.add_argument("--n", type=int, default=None, help="episodes (seeded sample); default all")

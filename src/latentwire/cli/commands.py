@@ -2,6 +2,7 @@
 parsed arguments and returns the exit status; a typed error propagates to `main`, which prints it (exit 2)."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -51,8 +52,14 @@ def _check(args) -> int:
 
 
 def _demo(args) -> int:
+    from ..errors import ConfigError
+
     if getattr(args, "transport", "inprocess") == "ray":
         return _demo_ray(args)
+    if given := [flag for flag, value in (("--attach", getattr(args, "attach", False)),
+                                          ("--address", getattr(args, "address", None)),
+                                          ("--num-cpus", getattr(args, "num_cpus", None))) if value]:
+        raise ConfigError(f"{', '.join(given)} only apply with --transport ray")
     from tqdm import tqdm
     from transformers.utils import logging as hf_logging
 
@@ -93,13 +100,19 @@ def _demo(args) -> int:
 def _demo_ray(args) -> int:
     from transformers.utils import logging as hf_logging
 
+    from ..placement import resolve
+    from ..protocols import get_protocol
     from ..transport import AgentSpec
     from ..transport.demo import demo
 
+    for name in ("fullkv", "cacheback"):  # a bad --ratio, --latent-steps or placement: refused before Ray starts
+        get_protocol(name, latent_steps=args.latent_steps, latent_mode=args.latent_mode,
+                     **({"ratio": args.ratio} if name == "cacheback" else {}))
+    resolve(args.device, args.dtype)
     hf_logging.disable_progress_bar()
     rows = demo(AgentSpec.pretrained(args.model, device=args.device, dtype=args.dtype), args.senders,
                 args.latent_steps, args.latent_mode, ratio=args.ratio, address=args.address,
-                num_cpus=args.num_cpus, attach=args.attach)
+                num_cpus=args.num_cpus or 2, attach=args.attach)
     print("\nper protocol: correct / episodes")
     for name in dict.fromkeys(r[0] for r in rows):
         oks = [ok for n, _, ok, _ in rows if n == name]
@@ -119,7 +132,8 @@ def _serve(args) -> int:
         raise ConfigError(f"--senders must be ≥ 1, got {args.senders}")
     resolve(args.device, args.dtype)  # a bad placement: refused before Ray starts
     hf_logging.disable_progress_bar()
-    return serve(AgentSpec.pretrained(args.model, device=args.device, dtype=args.dtype), args.senders, address=args.address, num_cpus=args.num_cpus)
+    return serve(AgentSpec.pretrained(args.model, device=args.device, dtype=args.dtype), args.senders,
+                 address=args.address, num_cpus=args.num_cpus or 2)
 
 
 def _bench_run(args) -> int:
@@ -137,7 +151,6 @@ def _bench_run(args) -> int:
 
 def error_summary(records: Path) -> str:
     """One line per (protocol, error type) with its count and first message; empty when no record failed."""
-    import json
     from collections import Counter
 
     from ..bench.episode import jsonl_lines
@@ -179,8 +192,6 @@ def _bench_pair(args) -> int:
 
 
 def _train(args) -> int:
-    import json
-
     from ..bench.runner import parse_filters
     from ..training.trainer import TRAINER, TrainConfig, train
 
@@ -215,11 +226,14 @@ def _inspect(args) -> int:
     if args.png:
         chromium()  # refused before any model loads or any episode is computed
     episodes = {e.id: e for e in load_task_episodes(args.task)}
+    if not episodes:
+        raise ConfigError(f"task {args.task!r} has no episodes")
     if args.episode is None:  # the task's first episode, named so the user can pick another
         args.episode = next(iter(episodes))
         print(f"episode {args.episode} (pick another with --episode)")
     if args.episode not in episodes:
-        raise UnknownNameError("episode", args.episode, list(episodes)[:20] + ["..."])
+        more = [f"… ({len(episodes)} in all)"] if len(episodes) > 20 else []
+        raise UnknownNameError("episode", args.episode, list(episodes)[:20] + more)
     agent = _load_agent(args)
     page = inspect_episode(agent, episodes[args.episode], args.selectors.split(","), args.ratio, args.latent_steps)
     out.write_text(page, encoding="utf-8")
@@ -230,27 +244,36 @@ def _inspect(args) -> int:
 
 
 def read_documents(paths: list[str]) -> tuple[list[str], list[str]]:
-    """(names, texts): one document per file; a folder gives its .txt and .md files, sorted. Each text is
-    stripped (the chat template would trim it anyway). ConfigError for a missing, empty or non-UTF-8 file."""
+    """(names, texts): one document per file; a folder gives its .txt and .md files (any case), sorted. A file
+    named twice (itself and through its folder) is read once. Each text is stripped (the chat template would trim
+    it anyway). ConfigError for a missing, unreadable, empty or non-UTF-8 file."""
     from ..errors import ConfigError
 
-    files = []
+    files, seen = [], set()
     for p in map(Path, paths):
-        if p.is_dir():
-            found = sorted(f for f in p.iterdir() if f.suffix in (".txt", ".md") and f.is_file())
-            if not found:
-                raise ConfigError(f"{p}: a folder with no .txt or .md file")
-            files += found
-        elif p.is_file():
-            files.append(p)
-        else:
-            raise ConfigError(f"{p}: no such file or folder")
+        try:
+            if p.is_dir():
+                found = sorted(f for f in p.iterdir() if f.suffix.lower() in (".txt", ".md") and f.is_file())
+                if not found:
+                    raise ConfigError(f"{p}: a folder with no .txt or .md file")
+            elif p.exists():  # a file, or a pipe (<(command))
+                found = [p]
+            else:
+                raise ConfigError(f"{p}: no such file or folder")
+        except OSError as e:
+            raise ConfigError(f"{p}: cannot be read ({e.strerror or e})") from e
+        for f in found:
+            if (real := f.resolve()) not in seen:
+                seen.add(real)
+                files.append(f)
     texts = []
     for f in files:
         try:
-            text = f.read_text(encoding="utf-8").strip()
+            text = f.read_text(encoding="utf-8-sig").strip()  # -sig: a byte-order mark is not text
         except UnicodeDecodeError as e:
             raise ConfigError(f"{f}: not UTF-8 text ({e.reason} at byte {e.start})") from e
+        except OSError as e:
+            raise ConfigError(f"{f}: cannot be read ({e.strerror or e})") from e
         if not text:
             raise ConfigError(f"{f}: empty document")
         texts.append(text)
@@ -264,7 +287,7 @@ def _ask(args) -> int:
     from transformers.utils import logging as hf_logging
 
     from ..bench.runner import parse_protocols
-    from ..errors import ConfigError, ContextOverflowError
+    from ..errors import ConfigError, ContextOverflowError, MissingExtraError, ModelNotFoundError
     from ..protocols import get_protocol
     from ..protocols.reads import HeldReads, shared_reads
 
@@ -273,6 +296,9 @@ def _ask(args) -> int:
     questions = [args.question, *(args.then or [])]
     if blank := [q for q in questions if not q.strip()]:
         raise ConfigError(f"a question is empty ({len(blank)} of {len(questions)}); quote each question")
+    if Path(args.question).exists():
+        raise ConfigError(f"the first argument is the question, and {args.question!r} is a file or folder: "
+                          "latentwire ask \"QUESTION\" FILE_OR_FOLDER ...")
     names, documents = read_documents(args.files)
     hf_logging.disable_progress_bar()
     agent = _load_agent(args)  # one agent plays every sender and the receiver
@@ -285,9 +311,16 @@ def _ask(args) -> int:
             for label, protocol in protocols.items():
                 try:
                     out = protocol.run([agent] * len(documents), documents, agent, question)
-                except ContextOverflowError as e:  # refused before any compute: the other protocols may still fit
-                    print(f"{label}: does not fit: {e}. Try a larger ratio (cacheback, retrieval), fewer or shorter "
-                          "documents, or a model with a longer window.", file=sys.stderr)
+                except (ModelNotFoundError, MissingExtraError):  # nothing else could run either
+                    raise
+                except LatentWireError as e:  # this protocol cannot run here; the others still may
+                    hint = (". Try a larger ratio (cacheback, retrieval), fewer or shorter documents, or a model "
+                            "with a longer window") if isinstance(e, ContextOverflowError) else ""
+                    print(f"{label}: {'does not fit' if hint else 'cannot run'}: {type(e).__name__}: {e}{hint}.",
+                          file=sys.stderr)
+                    if args.json:
+                        print(json.dumps({"question": question, "turn": turn, "protocol": label,
+                                          "error": f"{type(e).__name__}: {e}"}, ensure_ascii=False))
                     continue
                 ran += 1
                 _print_answer(args, label, question, turn, out, names, documents)
@@ -298,8 +331,6 @@ def _ask(args) -> int:
 
 def _print_answer(args, label: str, question: str, turn: int, out, names: list[str], documents: list[str]) -> None:
     """One protocol's answer to one question: a JSON object, or two lines (and what each sender sent)."""
-    import json
-
     from ..message import merge_spans
 
     sent = None if out.kept_spans is None else {

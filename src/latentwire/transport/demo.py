@@ -44,7 +44,7 @@ def serve(model: str | AgentSpec, senders: int = 3, address: str | None = None, 
         echo(f"  {name:10} pid {t.pid(name):>7}  signing key {key_id(keys.get(name))}")
     gcs = ray.get_runtime_context().gcs_address
     echo(f"\nserving on Ray cluster {gcs} (namespace latentwire). From another shell:\n"
-         f"  RAY_ADDRESS={gcs} latentwire demo --transport ray --attach --senders {senders}\n"
+         f"  RAY_ADDRESS={gcs} latentwire demo --transport ray --attach --senders {min(senders, 3)}\n"
          "Ctrl-C stops the agents.")
     try:
         while not once:
