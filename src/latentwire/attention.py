@@ -92,19 +92,20 @@ def query_attention(agent: Agent, state: KVState, query: str, min_depth: float =
         window = state.geometry.sliding_window      # holds the state and the query
         if T + m >= window:
             raise StateFormatError(f"every layer of {state.geometry.model} slides (window {window}): its attention "
-                                   f"can score {window - 1} rows, not a state of {T} rows plus a {m}-token query")
+                                   f"can score a state plus query of {window - 1} rows, not {T} rows plus a "
+                                   f"{m}-token query")
     layers = scoring_layers(state.geometry.layer_types, min_depth, max_depth)
     captured: dict[int, list] = {i: [None, None] for i in layers}  # layer -> [q projection, (cos, sin)]
+    cache = state.compact().to_cache()  # may refuse the state: before any hook is on the model
     hooks = []
-    for i in layers:
-        attn = agent.decoder.layers[i].self_attn
-        hooks.append(_query_hook(attn, lambda out, i=i: captured[i].__setitem__(0, out)))
-        hooks.append(attn.register_forward_pre_hook(
-            lambda mod, args, kwargs, i=i: captured[i].__setitem__(1, kwargs.get("position_embeddings")),
-            with_kwargs=True))
-    hooks.append(agent.decoder.layers[layers[-1]].register_forward_hook(_stop))
-    cache = state.compact().to_cache()
-    try:
+    try:  # every hook comes off again, whatever fails (a hook left on would break the agent's next forward)
+        for i in layers:
+            attn = agent.decoder.layers[i].self_attn
+            hooks.append(_query_hook(attn, lambda out, i=i: captured[i].__setitem__(0, out)))
+            hooks.append(attn.register_forward_pre_hook(
+                lambda mod, args, kwargs, i=i: captured[i].__setitem__(1, kwargs.get("position_embeddings")),
+                with_kwargs=True))
+        hooks.append(agent.decoder.layers[layers[-1]].register_forward_hook(_stop))
         agent.decoder(input_ids=ids[None], **cache_arg(agent.decoder, cache), use_cache=True,
                       position_ids=torch.arange(T, T + m, device=agent.device)[None])
     except _Stop:

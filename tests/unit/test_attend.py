@@ -135,3 +135,25 @@ def test_max_depth_stops_the_query_after_its_deepest_scoring_layer(arch, tokeniz
     for lo, hi in ((0.5, 0.5), (0.0, 0.0), (0.0, 1.5)):
         with pytest.raises(ValueError, match="max_depth"):
             scoring_layers(types, lo, hi)
+
+
+def test_a_query_that_fails_leaves_no_hook_on_the_model(tokenizer, monkeypatch):
+    """A hook left behind by a failed query would break every later forward of the agent: none is."""
+    import latentwire.attention as attention
+    from latentwire.errors import StateFormatError
+
+    agent = Agent(tiny_model("llama").to(DEVICE), tokenizer, model_name="llama")
+    state = agent.prefill(DOC)
+    hooks = lambda: sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in agent.model.modules())  # noqa: E731
+    before, want, real = hooks(), attend_grouped(agent, state, QUERY), attention._query_hook
+
+    def second_layer_fails(attn, store):
+        if hooks() > before:  # the first scoring layer's hooks are on
+            raise StateFormatError("unsupported attention module")
+        return real(attn, store)
+
+    monkeypatch.setattr(attention, "_query_hook", second_layer_fails)
+    with pytest.raises(StateFormatError):
+        attend_grouped(agent, state, QUERY)
+    monkeypatch.undo()
+    assert hooks() == before and torch.equal(attend_grouped(agent, state, QUERY), want)

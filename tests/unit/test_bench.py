@@ -108,6 +108,17 @@ def test_runner_resumes_records_errors_and_reports(tiny_task, tmp_path):
     report = write_report(out)
     assert "| `alone(max_new_tokens=2)` | 3 | 0 |" in report.read_text()
     assert (out / "accuracy_vs_tteoa.png").stat().st_size > 1000 and (out / "recall_vs_ratio.png").exists()
+    # A record still being written (cut, no newline yet) is left out of a report on a running folder; a whole one
+    # whose newline is not there yet is read.
+    from latentwire.bench.report import read_run
+
+    (out / "records.jsonl").write_text(before + before.splitlines()[0][:40])
+    assert len(read_run(out)[1]) == 6
+    (out / "records.jsonl").write_text(before + before.splitlines()[0])
+    assert len(read_run(out)[1]) == 7
+    (out / "records.jsonl").write_text(before + "{cut\n")  # a broken line that ended: not a run in progress
+    with pytest.raises(LatentWireError, match="not a readable run folder"):
+        read_run(out)
 
 
 def test_runner_records_typed_errors_and_goes_on(tiny_task, tmp_path):

@@ -33,15 +33,29 @@ COLUMNS = [  # (record field, header, format)
 
 
 def read_run(run_dir: str | Path) -> tuple[dict, list[dict]]:
+    """(config, records) of a run folder. A last line without its newline that does not parse is a record still
+    being written (a run in progress) or cut short by a crash: left out, so a running benchmark can be reported on."""
     run_dir = Path(run_dir)
     try:
         config = json.loads((run_dir / "config.json").read_text())
-        records = [json.loads(l) for l in jsonl_lines((run_dir / "records.jsonl").read_text(encoding="utf-8"))]
+        text = (run_dir / "records.jsonl").read_text(encoding="utf-8")
+        lines = jsonl_lines(text)
+        if lines and not text.endswith("\n") and _cut(lines[-1]):
+            lines.pop()
+        records = [json.loads(line) for line in lines]
     except (OSError, json.JSONDecodeError) as e:
         raise LatentWireError(f"{run_dir} is not a readable run folder ({e})") from e
     for r in records:
         r["sender_max"] = max(r["sender_seconds"], default=0.0) if r.get("error") is None else None
     return config, records
+
+
+def _cut(line: str) -> bool:
+    try:
+        json.loads(line)
+    except json.JSONDecodeError:
+        return True
+    return False
 
 
 def summarize(records: list[dict], order: list[str]) -> dict[str, dict]:

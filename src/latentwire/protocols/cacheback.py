@@ -7,6 +7,8 @@ the same spans, budgets and encodings.
 """
 from __future__ import annotations
 
+import math
+
 import time
 import weakref
 from dataclasses import dataclass, field, replace
@@ -133,12 +135,13 @@ class CacheBack(Protocol):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.ratio < 1:
-            raise ConfigError(f"ratio must be ≥ 1, got {self.ratio}")
+        if not 1 <= self.ratio < math.inf:
+            raise ConfigError(f"ratio must be a finite number ≥ 1, got {self.ratio}")
         if self.mass is not None and not 0 < self.mass <= 1:
             raise ConfigError(f"mass must be in (0, 1] (None: the fixed budget), got {self.mass!r}")
-        if not self.max_ratio >= self.ratio:
-            raise ConfigError(f"max_ratio (the adaptive floor) must be ≥ ratio (the cap), got {self.max_ratio}")
+        if self.mass is not None and not self.ratio <= self.max_ratio < math.inf:  # only adaptive budgets use it
+            raise ConfigError(f"max_ratio (the adaptive floor) must be ≥ ratio (the cap) and finite, got "
+                              f"{self.max_ratio} with ratio {self.ratio}")
         if not isinstance(self.unit_floor, bool):
             raise ConfigError(f"unit_floor must be a bool, got {self.unit_floor!r}")
         if self.latent_steps < 0:
@@ -413,9 +416,10 @@ class CacheBack(Protocol):
         return receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
 
     def pack(self, sender: Agent, state: KVState, rows: torch.Tensor, per_row: list, document: str, index: int):
-        """What sender `index` sends for its selected `rows` (timed as its selection): the rows themselves, or for
-        "kv" and "kv_blend" their K/V with keys re-rotated to positions 0..B−1, for "kv_reencoded" the K/V the sender computes
-        re-reading them alone in the message slot (`Agent.encode_rows`, positions 0..B−1)."""
+        """What sender `index` sends for its selected `rows` (timed as its selection; n = len(rows): the budgeted
+        document rows plus the first row and the G latent rows, `always_kept`): the rows themselves, or for "kv" and
+        "kv_blend" their K/V with keys re-rotated to positions 0..n−1, for "kv_reencoded" the K/V the sender computes
+        re-reading them alone in the message slot (`Agent.encode_rows`, positions 0..n−1)."""
         if self.encoding in READ_KV:
             return state.select(rows).compact()
         if self.encoding == "kv_reencoded":

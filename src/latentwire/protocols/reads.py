@@ -1,7 +1,7 @@
 """One read per sender, shared by every protocol that starts from it.
 
 A sender's finished state (prefill + G latent steps) depends only on the sender's model and dtype,
-the prompt it reads, G and the latent mode. Inside `shared_reads()` (the benchmark runner opens one
+the prompt it reads, G and the latent mode (and, on models with sliding layers, whether it keeps every row). Inside `shared_reads()` (the benchmark runner opens one
 per episode) `read` computes each such state once and hands the same state to every protocol that
 asks for it again: full KV, CacheBack at every ratio, selector and encoding, merge, a chain's first
 hop. The prefill is shared too, so G = 0 and G = 8 pay one prefill between them.
@@ -110,12 +110,16 @@ class HeldReads:
             raise HeldMemoryError(needed, self.max_bytes)
 
     def _fit(self) -> None:
-        """Drop least recently used entries until the held bytes fit `max_bytes`."""
+        """Drop least recently used entries until the held bytes fit `max_bytes` (a report holds no KV: dropping it
+        frees nothing, so it stays)."""
         over = self.nbytes - self.max_bytes
         for key in sorted(self.memo, key=lambda k: self.used.get(k, -1)):
             if over <= 0:
                 break
-            over -= _entry_bytes(self.memo.pop(key))
+            if not (size := _entry_bytes(self.memo[key])):
+                continue
+            del self.memo[key]
+            over -= size
             self.born.pop(key, None), self.used.pop(key, None)
             self.dropped += 1
 

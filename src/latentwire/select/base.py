@@ -176,7 +176,8 @@ def select_rows(scores: torch.Tensor, budget: int, keep: torch.Tensor, span: int
     budget: never an empty message), exceeding the budget by less than one group.
     """
     if scores.shape != keep.shape or (eligible is not None and eligible.shape != keep.shape):
-        raise ValueError(f"{tuple(scores.shape)} scores for {tuple(keep.shape)} rows")
+        raise ValueError(f"{tuple(scores.shape)} scores and {None if eligible is None else tuple(eligible.shape)} "
+                         f"eligible flags for {tuple(keep.shape)} rows")
     if budget < 0 or span < 1:
         raise ValueError(f"budget must be ≥ 0 and span ≥ 1, got {budget}, {span}")
     if fill not in FILLS:
@@ -274,7 +275,7 @@ def ranked_units(scores: torch.Tensor, keep: torch.Tensor, span: int = SPAN, eli
         spans = fixed_spans(free, span)
     else:
         candidate = set(free.tolist())
-        spans = [torch.tensor(g, dtype=torch.int64, device=scores.device) for g in
+        spans = [torch.tensor(g, dtype=torch.int64, device=keep.device) for g in
                  ([r for r in group if r in candidate] for group in groups) if g]
     means = [float(scores[s].double().mean()) for s in spans]
     return spans, sorted(range(len(spans)), key=lambda i: (-means[i], i))

@@ -1,7 +1,7 @@
 """CacheBack: receiver-conditioned scores from the attention of the receiver's query (docs/methods.md#cacheback-scores).
 
-b[s, r, t]: attention of query token r on row t, averaged over global layers and over the query heads
-that share KV head s.  Q_t = Pool(mean_{s,r} b) is mean query attention. The concentration
+b[s, r, t]: attention of query token r on row t, averaged over the scoring layers (the global layers at relative
+depth in [min_depth, max_depth): every global layer by default) and over the query heads that share KV head s.  Q_t = Pool(mean_{s,r} b) is mean query attention. The concentration
 correction compares "pool each query token, then average its square" with "average, then pool and
 square", per KV-head group:
 
