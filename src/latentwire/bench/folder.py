@@ -164,8 +164,9 @@ def check_resume(cfg_path: Path, resolved: dict, keys: tuple[str, ...], rec_path
 def write_config(cfg_path: Path, first: dict | None, resolved: dict, listing: dict) -> dict:
     """config.json: the resolved config and environment; resuming keeps the first run's environment and protocol
     entries, logs each resume's and adds new protocols (an entry written before entries held every parameter gains
-    this run's, marked `parameters_since` with its run id: earlier records may have run with others). `listing` names what the run covers (episode / pair ids). Returns
-    this invocation's environment, whose `run` id labels the records it writes."""
+    this run's, marked `parameters_since` with its run id: earlier records may have run with others). `listing`
+    names what the run covers (episode / pair ids). Returns this invocation's environment, whose `run` id labels the
+    records it writes."""
     env = environment()
     if first is None:
         record = {"config": resolved, "environment": env, "resumed": []}
@@ -203,7 +204,7 @@ def drop_cut_lines(rec_path: Path) -> None:
         return
     text = rec_path.read_text(encoding="utf-8")
     lines = jsonl_lines(text)
-    good = [line for line in lines if _parses(line)]
+    good = [line for line in lines if parse_line(line)]
     if len(good) < len(lines) or (text and not text.endswith("\n")):
         replace_text(rec_path, "".join(line + "\n" for line in good))
 
@@ -213,10 +214,11 @@ def finished(rec_path: Path, key: str) -> set[tuple[str, str]]:
     if not rec_path.exists():
         return set()
     return {(r[key], r["protocol"]) for line in jsonl_lines(rec_path.read_text(encoding="utf-8"))
-            if (r := _parses(line))}
+            if (r := parse_line(line))}
 
 
-def _parses(line: str) -> dict | None:
+def parse_line(line: str) -> dict | None:
+    """One JSONL line's object, or None for a line that does not parse (cut short by a crash or still being written)."""
     try:
         return json.loads(line)
     except json.JSONDecodeError:

@@ -20,6 +20,7 @@ from typing import Sequence
 
 from ..errors import LatentWireError
 from .episode import jsonl_lines
+from .folder import parse_line
 from .metrics import bootstrap_ci, bootstrap_median_ci, holm, median_ratio_ci, paired_bootstrap_diff, sign_flip_exact
 
 REFERENCES = ("alone", "text", "fullcontext", "packllm")  # protocols that send no latent message
@@ -40,7 +41,7 @@ def read_run(run_dir: str | Path) -> tuple[dict, list[dict]]:
         config = json.loads((run_dir / "config.json").read_text())
         text = (run_dir / "records.jsonl").read_text(encoding="utf-8")
         lines = jsonl_lines(text)
-        if lines and not text.endswith("\n") and _cut(lines[-1]):
+        if lines and not text.endswith("\n") and parse_line(lines[-1]) is None:
             lines.pop()
         records = [json.loads(line) for line in lines]
     except (OSError, json.JSONDecodeError) as e:
@@ -48,14 +49,6 @@ def read_run(run_dir: str | Path) -> tuple[dict, list[dict]]:
     for r in records:
         r["sender_max"] = max(r["sender_seconds"], default=0.0) if r.get("error") is None else None
     return config, records
-
-
-def _cut(line: str) -> bool:
-    try:
-        json.loads(line)
-    except json.JSONDecodeError:
-        return True
-    return False
 
 
 def summarize(records: list[dict], order: list[str]) -> dict[str, dict]:
