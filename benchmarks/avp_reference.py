@@ -82,7 +82,7 @@ def main() -> None:
         t0 = time.perf_counter()
         answer = avp_chain(conn, ep.contexts, ep.question, args.steps, args.max_new_tokens)
         records.append({"episode": ep.id, "answer": answer, "tteoa": time.perf_counter() - t0,
-                        **answer_scores(answer, ep.answers)})
+                        **answer_scores(answer, ep.answers, ep.answer_match)})
         print(f"{ep.id}: {records[-1]['accuracy']:.0f} {records[-1]['tteoa']:.2f}s {answer[:60]!r}", flush=True)
     acc = bootstrap_ci([r["accuracy"] for r in records])
     med = statistics.median(r["tteoa"] for r in records)

@@ -272,6 +272,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--dtype", default=None,
                     help="default: latentwire's choice for this machine (bf16 where the CPU has native bf16)")
     ap.add_argument("--out", type=Path, default=OUT, help="results folder (one subfolder per task)")
+    ap.add_argument("--report-only", action="store_true",
+                    help="rewrite each --tasks folder's report.md from its records (no model loads)")
     return ap.parse_args()
 
 
@@ -355,6 +357,12 @@ def main() -> None:
     """Plan the rows, load and check every model, map and translator, then run and report each task's folder."""
     args = parse_args()
     tasks, pairs, ratios, steps = parsed_lists(args)
+    if args.report_only:  # each folder's own plan (pairs, ratios), not this command line's
+        for task in tasks:
+            config = json.loads((args.out / task / "config.json").read_text())
+            print(report(args.out / task, [tuple(p) for p in config["pairs"]], config["ratios"],
+                         commands(args.out / task)))
+        return
     rows = plan(pairs, ratios, args.latent_maps, args.translators, steps)
     try:  # every spec validated before any model loads (a latent map's folder and latent mode among them)
         protocols = {label: get_protocol(spec["name"], **{k: v for k, v in spec.items() if k != "name"})

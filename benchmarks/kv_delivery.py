@@ -155,7 +155,7 @@ def main() -> None:
                                           "dtype": dtype, "message_rows": sum(map(len, parts)), "answers": {},
                                           "accuracy": {}})  # an old record gains the variants added since
             rec["answers"] |= got
-            rec["accuracy"] |= {v: answer_scores(a, ep.answers)["accuracy"] for v, a in got.items()}
+            rec["accuracy"] |= {v: answer_scores(a, ep.answers, ep.answer_match)["accuracy"] for v, a in got.items()}
             records = list(have.values())
             path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))  # whole, each time
             print(ep.id, rec["accuracy"], flush=True)

@@ -94,6 +94,8 @@ def main() -> None:
     ap.add_argument("--protocols", default="all", choices=sorted(PROTOCOLS))
     ap.add_argument("--dtype", default=None, help="default: latentwire's choice for this machine (bf16 here)")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--report-only", action="store_true",
+                    help="rewrite each --cells folder's report and the index from the records (no model loads)")
     args = ap.parse_args()
     cells = args.cells.split(",")
     unknown = sorted(set(cells) - set(CELLS))
@@ -102,6 +104,9 @@ def main() -> None:
     cmd = " ".join(["python benchmarks/latent_vs_text.py"] + sys.argv[1:])
     for cell in cells:
         folder = args.out / f"{cell}_{args.model}"
+        if args.report_only:
+            write_report(folder, cell_pairs(read_run(folder)[0]["config"]["protocols"]))
+            continue
         folder.mkdir(parents=True, exist_ok=True)
         task = folder / "episodes.jsonl"
         ensure_episodes(task, cell_episodes(cell, args.n, args.seed))

@@ -350,6 +350,49 @@ def test_an_alias_that_normalises_to_nothing_never_scores():
     assert answer_scores("It is 7341", ['""', "7341"])["accuracy"] == 1.0  # the other aliases still count
 
 
+def test_text_normalisation_splits_hyphens_drops_unicode_punctuation_and_keeps_decimal_points():
+    assert normalize("Hip-hop – “Cello”, 6.0 million.") == "hip hop cello 6.0 million"
+    assert answer_scores("She dances hip-hop.", ["hip hop"])["accuracy"] == 1.0
+    assert answer_scores("She plays the “cello”.", ["cello"])["accuracy"] == 1.0
+    assert answer_scores("60 million euros", ["6.0 million euros"])["accuracy"] == 0.0  # was a match: "60"
+    assert answer_scores("It is 7341.", ["7341"])["em"] == 0.0 and normalize("It is 7341.") == "it is 7341"
+
+
+def test_code_answers_keep_signs_operators_and_string_literals():
+    def acc(prediction, aliases):
+        return answer_scores(prediction, aliases, "code")["accuracy"]
+
+    assert acc("It returns `-1`.", ["-1"]) == 1.0 and acc("It returns `1`.", ["-1"]) == 0.0
+    assert acc("returns -10", ["-1"]) == 0.0  # a number glued to more digits is another number
+    assert acc("`(self // other, self % other)`", ["(self//other, self%other)"]) == 1.0
+    assert acc("`(self / other, self * other)`", ["(self//other, self%other)"]) == 0.0
+    assert acc("S_IFMT(mode) != S_IFLNK", ["S_IFMT(mode) == S_IFLNK"]) == 0.0
+    assert acc("The base class is `calendar.Calendar`.", ["Calendar"]) == 1.0
+    assert acc("It is `Calendars`.", ["Calendar"]) == 0.0 and acc("`true`", ["True"]) == 0.0
+    assert acc('The default is `""`.', ['""']) == 1.0 and acc('The default is `" "`.', ['""']) == 0.0
+    assert acc("It is `{}`.", ["{}"]) == 1.0
+    assert answer_scores("It is `{}`.", ["{}"])["accuracy"] == 0.0  # as text, `{}` normalises to nothing
+    s = answer_scores("`{}`.", ["{}"], "code")
+    assert s["em"] == 1.0 and s["f1"] == 1.0  # wrapping backticks and a final stop are not part of the value
+    with pytest.raises(ValueError, match="match: want one of text, code"):
+        answer_scores("x", ["x"], "regex")
+
+
+def test_episodes_pick_their_answer_match_and_refuse_answers_that_could_never_score():
+    def ep(task="facts", answers=("7341",), meta=None):
+        return Episode("e", task, "fanin", "Q?", list(answers), ("doc",), (), meta or {})
+
+    assert ep().answer_match == "text" and ep("code", ["{}"]).answer_match == "code"
+    assert ep(meta={"answer_match": "code"}, answers=["-1"]).answer_match == "code"
+    with pytest.raises(TaskFormatError, match="meta.answer_match: want one of text, code"):
+        ep(meta={"answer_match": "exact"})
+    with pytest.raises(TaskFormatError, match="every alias normalises to nothing"):
+        ep(answers=['""', "the"])  # as text nothing is left of either alias
+    with pytest.raises(TaskFormatError, match=r"answers\['city'\]: every alias"):
+        Episode("e", "facts", "fanin", "Q?", {"city": ["."], "lead": ["Ana"]}, ("doc",))
+    assert ep(answers=['""', "7341"]).answers == ['""', "7341"]  # one scorable alias is enough
+
+
 def test_bootstrap_intervals_have_the_normal_width_on_a_large_sample():
     """Not only lo ≤ mean ≤ hi: on 400 fair coin flips the 95% interval is ≈ ±1.96·√(p(1−p)/n) = ±0.049."""
     from latentwire.bench.metrics import paired_bootstrap_diff

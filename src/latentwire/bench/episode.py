@@ -7,6 +7,9 @@
      "evidence": [{"agent": 1, "start": 120, "end": 164}, ...],     # gold character spans, end exclusive
      "meta": {"hops": 2, ...}}                   # free-form, JSON-serialisable
 
+`meta["answer_match"]` ("text" or "code"; default "code" for the `code` task, else "text") picks how answers
+are scored (`metrics.answer_scores`).
+
 Topologies: "fanin" (M senders, one receiver), "chain" (contexts are hops in order), "merge" (N thinkers,
 one judger). Character spans map to token positions for any fast tokenizer (`span_token_positions`).
 """
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Iterable, Union
 
 from ..errors import TaskFormatError
+from .metrics import MATCHES, scorable
 
 TOPOLOGIES = ("fanin", "chain", "merge")
 Answers = Union[list, dict]
@@ -49,6 +53,12 @@ class Episode:
     @property
     def multipart(self) -> bool:
         return isinstance(self.answers, dict)
+
+    @property
+    def answer_match(self) -> str:
+        """How a prediction is matched against the answers: "code" keeps case and punctuation."""
+        default = "code" if self.task == "code" else "text"
+        return self.meta.get("answer_match", default) if isinstance(self.meta, dict) else default
 
     def evidence_text(self) -> list[str]:
         return [self.contexts[s.agent][s.start:s.end] for s in self.evidence]
@@ -85,6 +95,14 @@ def validate_fields(ep: Episode) -> list[str]:
             out.append(f"evidence[{i}]: span {s} is outside its context")
     if not isinstance(ep.meta, dict):
         out.append("meta: want an object")
+    elif ep.answer_match not in MATCHES:
+        out.append(f"meta.answer_match: want one of {', '.join(MATCHES)}, got {ep.answer_match!r}")
+    elif not out:  # an answer (or a part) none of whose aliases can ever match could never be scored
+        groups = ep.answers.items() if isinstance(ep.answers, dict) else [("answers", ep.answers)]
+        for name, aliases in groups:
+            if not any(scorable(a, ep.answer_match) for a in aliases):
+                where = "answers" if name == "answers" else f"answers[{name!r}]"
+                out.append(f"{where}: every alias normalises to nothing ({aliases!r}), so no answer could score")
     return out
 
 

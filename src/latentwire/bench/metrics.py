@@ -1,38 +1,109 @@
-"""Answer and evidence metrics. SQuAD normalisation: lower case, no punctuation, no articles, single spaces.
+"""Answer and evidence metrics.
 
-Small models answer in sentences ("The code is 7341."), so besides EM/F1 we report `accuracy`: a gold
-alias occurs in the prediction as a whole-word sequence after normalisation. `strict` requires every
-part of a multi-part answer to be correct (equals `accuracy` for single-part answers).
+Text answers use SQuAD normalisation (lower case, no punctuation, no articles, single spaces) with three
+fixes: hyphens and dashes split words ("hip-hop" = "hip hop"), Unicode punctuation goes as ASCII does
+(“cello” = cello), and a point between digits stays (6.0 ≠ 60). Small models answer in sentences ("The code
+is 7341."), so besides EM/F1 we report `accuracy`: a gold alias occurs in the prediction as a whole-word
+sequence after normalisation. `strict` requires every part of a multi-part answer to be correct (equals
+`accuracy` for single-part answers).
+
+Code answers (`match="code"`: the `code` task's values, operators and literals) keep case and punctuation,
+where SQuAD normalisation would make `-1` equal `1` and `a // b` equal `a / b`; only whitespace is
+normalised (see `code_normalize`).
 """
 from __future__ import annotations
 
 import math
+import operator
 import random
 import re
 import statistics
 import string
+import unicodedata
 from collections import Counter
 from typing import Iterable, Sequence
 
+MATCHES = ("text", "code")  # how a prediction is matched against gold aliases
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCT = str.maketrans("", "", string.punctuation)
+_DASHES = re.compile(r"[-\u2010-\u2015\u2212]")
+_DECIMAL = re.compile(r"(?<=\d)\.(?=\d)")
+
+
+def _drop(c: str) -> bool:
+    return c in string.punctuation or (c > "\x7f" and unicodedata.category(c).startswith("P"))
 
 
 def normalize(text: str) -> str:
-    return " ".join(_ARTICLES.sub(" ", text.lower().translate(_PUNCT)).split())
+    t = _DECIMAL.sub("\0", _DASHES.sub(" ", text.lower()))  # NUL keeps a decimal point through the strip
+    t = "".join(c for c in t if not _drop(c)).replace("\0", ".")
+    return " ".join(_ARTICLES.sub(" ", t).split())
 
 
-def exact_match(prediction: str, aliases: Sequence[str]) -> float:
+def code_normalize(text: str, squeeze: bool = True) -> str:
+    """Whitespace runs become one space; with `squeeze`, a space beside a non-word character goes too
+    (`f( a , b )` = `f(a,b)`). Case and punctuation stay. Gold that holds a quote is not squeezed: spaces
+    inside a string literal are its value (`" "` is not `""`)."""
+    t = " ".join(text.split())
+    return re.sub(r"(?<=\W) | (?=\W)", "", t) if squeeze else t
+
+
+def _code_forms(prediction: str, alias: str) -> tuple[str, str]:
+    squeeze = not any(q in alias for q in "'\"")
+    return code_normalize(prediction, squeeze), code_normalize(alias, squeeze)
+
+
+def _word(c: str) -> bool:
+    return c.isalnum() or c == "_"
+
+
+def _bounded(haystack: str, needle: str) -> bool:
+    """`needle` occurs in `haystack` with no word character glued to a word-character end of it (`-1` is
+    not found in `-10`, `Calendar` is found in `calendar.Calendar`)."""
+    start = 0
+    while (i := haystack.find(needle, start)) >= 0:
+        j = i + len(needle)
+        left = i == 0 or not (_word(needle[0]) and _word(haystack[i - 1]))
+        right = j == len(haystack) or not (_word(needle[-1]) and _word(haystack[j]))
+        if left and right:
+            return True
+        start = i + 1
+    return False
+
+
+def _code_tokens(text: str) -> list[str]:
+    return re.findall(r"\w+|[^\w\s`]", text)  # backticks quote code in prose; they are not part of it
+
+
+def _bare(prediction: str) -> str:
+    """A code prediction without its wrapping backticks and final full stop (prose around a value)."""
+    return prediction.strip().removesuffix(".").strip().strip("`").strip()
+
+
+def scorable(alias: str, match: str = "text") -> bool:
+    """Whether an alias can ever be matched: one that normalises to nothing (only punctuation or articles as
+    text) never scores."""
+    return bool(code_normalize(alias) if match == "code" else normalize(alias))
+
+
+def exact_match(prediction: str, aliases: Sequence[str], match: str = "text") -> float:
     """1.0 if the normalised prediction equals a normalised alias. An alias that normalises to nothing (only
-    punctuation or articles) cannot be matched, as in `contains`: an empty answer never scores."""
+    punctuation or articles) cannot be matched, as in `contains`: an empty answer never scores. Code: the
+    prediction's wrapping backticks and a final full stop are dropped first (also for F1)."""
+    if match == "code":
+        bare = _bare(prediction)
+        return float(any(scorable(a, "code") and operator.eq(*_code_forms(bare, a)) for a in aliases))
     p = normalize(prediction)
     return float(any(normalize(a) and p == normalize(a) for a in aliases))
 
 
-def f1(prediction: str, aliases: Sequence[str]) -> float:
-    """Best token F1 over the aliases (an alias that normalises to nothing scores 0, as in `exact_match`)."""
+def f1(prediction: str, aliases: Sequence[str], match: str = "text") -> float:
+    """Best token F1 over the aliases (an alias that normalises to nothing scores 0, as in `exact_match`);
+    code tokens are identifiers, numbers and single punctuation characters."""
     def one(gold: str) -> float:
-        pt, gt = normalize(prediction).split(), normalize(gold).split()
+        if match == "code":
+            pt, gt = _code_tokens(_bare(prediction)), _code_tokens(gold)
+        else:
+            pt, gt = normalize(prediction).split(), normalize(gold).split()
         common = sum((Counter(pt) & Counter(gt)).values())
         if not pt or not gt or common == 0:
             return 0.0
@@ -42,21 +113,27 @@ def f1(prediction: str, aliases: Sequence[str]) -> float:
     return max((one(a) for a in aliases), default=0.0)
 
 
-def contains(prediction: str, aliases: Sequence[str]) -> float:
+def contains(prediction: str, aliases: Sequence[str], match: str = "text") -> float:
     """1.0 if some normalised alias occurs in the normalised prediction on word boundaries."""
+    if match == "code":
+        return float(any(scorable(a, "code") and _bounded(*_code_forms(prediction, a)) for a in aliases))
     p = f" {normalize(prediction)} "
     return float(any(normalize(a) and f" {normalize(a)} " in p for a in aliases))
 
 
-def answer_scores(prediction: str, answers: list | dict) -> dict[str, float | None]:
+def answer_scores(prediction: str, answers: list | dict, match: str = "text") -> dict[str, float | None]:
     """EM, F1, accuracy and strict accuracy of one prediction against list or multi-part gold answers
-    (EM is None for multi-part answers: a sentence cannot equal several parts at once)."""
+    (EM is None for multi-part answers: a sentence cannot equal several parts at once). `match`: "text"
+    (normalised words) or "code" (case, operators and literals kept)."""
+    if match not in MATCHES:
+        raise ValueError(f"match: want one of {', '.join(MATCHES)}, got {match!r}")
     if isinstance(answers, dict):  # multi-part: each part scored on the whole prediction, averaged
-        parts = [contains(prediction, aliases) for aliases in answers.values()]
-        return {"em": None, "f1": sum(f1(prediction, a) for a in answers.values()) / len(answers),
+        parts = [contains(prediction, aliases, match) for aliases in answers.values()]
+        return {"em": None, "f1": sum(f1(prediction, a, match) for a in answers.values()) / len(answers),
                 "accuracy": sum(parts) / len(parts), "strict": float(all(parts))}
-    acc = contains(prediction, answers)
-    return {"em": exact_match(prediction, answers), "f1": f1(prediction, answers), "accuracy": acc, "strict": acc}
+    acc = contains(prediction, answers, match)
+    return {"em": exact_match(prediction, answers, match), "f1": f1(prediction, answers, match), "accuracy": acc,
+            "strict": acc}
 
 
 def evidence_recall(gold_positions: Iterable[int], kept_positions: Iterable[int]) -> float | None:

@@ -179,7 +179,8 @@ def load_task_episodes(task: str) -> list[Episode]:
 
 
 def score(ep: Episode, label: str, out: Outcome, tokenizer) -> dict:
-    rec = {"episode": ep.id, "protocol": label, "answer": out.answer, **answer_scores(out.answer, ep.answers),
+    rec = {"episode": ep.id, "protocol": label, "answer": out.answer,
+           **answer_scores(out.answer, ep.answers, ep.answer_match),
            "message_bytes": out.message_bytes, "receiver_context": out.receiver_context,
            "sender_seconds": list(out.sender_seconds), "receiver_seconds": out.receiver_seconds,
            "tteoa": out.tteoa, "tteoa_question": out.question_tteoa, "ttft": out.ttft, "evidence_recall": None,
@@ -266,7 +267,7 @@ def run_episode(protocol: Protocol, label: str, ep: Episode, agent: Agent) -> di
     except (ModelNotFoundError, MissingExtraError):  # the machine lacks a model or an extra: no episode can run
         raise
     except LatentWireError as e:
-        rec = {"episode": ep.id, "protocol": label, "answer": "", **answer_scores("", ep.answers),
+        rec = {"episode": ep.id, "protocol": label, "answer": "", **answer_scores("", ep.answers, ep.answer_match),
                "message_bytes": None, "receiver_context": None, "sender_seconds": [], "receiver_seconds": None,
                "tteoa": None, "tteoa_question": None, "ttft": None, "evidence_recall": None, "compression_ratio": None,
                "error": f"{type(e).__name__}: {e}", "meta": ep.meta}
