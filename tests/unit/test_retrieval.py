@@ -58,6 +58,8 @@ def test_dense_selector_finds_a_paraphrase():
     scores = dense.score_units(UNITS, "What is the hometown of Mira Novak?")
     assert int(torch.argmax(scores)) == 1  # "born in" with no word of the question but the name
     assert torch.equal(scores, dense.score_units(UNITS, "What is the hometown of Mira Novak?"))  # deterministic
+    held = dense.score_index(dense.index(UNITS), "What is the hometown of Mira Novak?")
+    assert torch.equal(scores, held)  # holding the index changes when the work is done, not what is sent
     with pytest.raises(UnknownNameError):
         get_selector("dense", pooling="max")
 
@@ -118,6 +120,10 @@ def test_retrieval_refuses_state_selectors_and_bad_fields():
         Retrieval(span_mode="lines")
     with pytest.raises(ValueError):
         Retrieval(ratio=0.5)
+    for bad in ({"ratio": float("nan")}, {"ratio": float("inf")}, {"span": 2.5}, {"span": True},
+                {"unit_floor": "yes"}):  # refused when built, not midway through a sender's pick
+        with pytest.raises(ConfigError, match=next(iter(bad))):
+            Retrieval(**bad)
 
 
 @pytest.mark.parametrize("span_mode", ["sentence", "fixed"])

@@ -17,6 +17,7 @@ selecting; inside `shared_reads(HeldReads)` the index is kept across questions, 
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Sequence
@@ -80,12 +81,14 @@ class Retrieval(Protocol):
 
     def __post_init__(self):
         super().__post_init__()
-        if self.ratio < 1:
-            raise ConfigError(f"ratio must be ≥ 1, got {self.ratio}")
+        if not 1 <= self.ratio < math.inf:  # also refuses NaN
+            raise ConfigError(f"ratio must be a finite number ≥ 1, got {self.ratio}")
         if self.span_mode not in SPAN_MODES:
             raise UnknownNameError("span mode", self.span_mode, SPAN_MODES)
-        if self.span < 1:
-            raise ConfigError(f"span must be ≥ 1, got {self.span}")
+        if isinstance(self.span, bool) or not isinstance(self.span, int) or self.span < 1:
+            raise ConfigError(f"span must be an integer ≥ 1, got {self.span!r}")
+        if not isinstance(self.unit_floor, bool):
+            raise ConfigError(f"unit_floor must be True or False, got {self.unit_floor!r}")
         if self.selector not in SELECTORS:
             raise UnknownNameError("selector", self.selector, SELECTORS)
         if not issubclass(SELECTORS[self.selector], TextSelector):

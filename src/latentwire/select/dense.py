@@ -114,16 +114,16 @@ class DenseSelector(TextSelector):
         encoder(model_source(self.model))
 
     def score_units(self, units: list[str], query: str) -> torch.Tensor:
-        source = model_source(self.model)
-        vectors = embed([self.query_prefix + query, *units], source, self.pooling, self.batch_size)  # (1 + U, D)
-        return (vectors[1:] @ vectors[0]).double()  # cosine: rows are unit-norm
+        """Cosine of each unit with the question: the held path's `score_index(index(units), query)`, so a
+        sender that holds its index sends exactly what one indexing with the question would (the units and the
+        question batched together would pad differently and move near-ties)."""
+        return self.score_index(self.index(units), query)
 
     def index(self, units: list[str]) -> torch.Tensor:
         """(U, D) unit embeddings: a held document's index, built before any question."""
         return embed(list(units), model_source(self.model), self.pooling, self.batch_size)
 
     def score_index(self, index: torch.Tensor, query: str) -> torch.Tensor:
-        """Cosine of each held unit embedding with the question's, embedded alone (batched with the units, as
-        `score_units` embeds it, its padding differs: the scores agree to float error)."""
+        """Cosine of each held unit embedding with the question's, embedded alone (rows are unit-norm)."""
         q = embed([self.query_prefix + query], model_source(self.model), self.pooling, self.batch_size)[0]  # (D,)
         return (index @ q).double()
