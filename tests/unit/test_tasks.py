@@ -387,3 +387,18 @@ def test_follow_up_groups_ask_several_questions_over_the_same_documents():
             (span,) = e.evidence
             text = e.contexts[span.agent][span.start:span.end]
             assert any(a in text for a in e.answers), (e.question, text)  # the evidence states the answer
+
+
+def test_generators_refuse_parameters_they_cannot_honour_with_typed_errors():
+    from latentwire.bench.tasks import aggregate, facts
+    from latentwire.errors import ConfigError
+
+    assert len(aggregate.generate(0, n=60, per_sender=6)) == 60  # the largest that keeps an answer's values distinct
+    with pytest.raises(ConfigError, match="1 ≤ per_sender ≤ 6"):
+        aggregate.generate(0, n=60, per_sender=7)  # was an IndexError at episode 53
+    with pytest.raises(ConfigError, match="hops must be 1 or 2"):
+        facts.episodes(0, 5, 500, 3, hops=3)  # was a ZeroDivisionError
+    with pytest.raises(ConfigError, match="2-hop question needs ≥ 2 senders"):
+        facts.episodes(0, 2, 500, 1, hops=2)
+    with pytest.raises(UnknownNameError, match="valid: budget, budget_of_leader, city"):
+        facts.follow_up_episodes(0, 1, 500, questions=("city", "bogus"))

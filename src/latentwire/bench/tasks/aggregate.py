@@ -61,8 +61,11 @@ def _episode(rng: random.Random, idx: int, rel: Relation, k: int, tokens: int = 
 def generate(seed: int, n: int = 120, tokens: int = TOKENS, per_sender: int = 1) -> list[Episode]:
     """`n` episodes cycling over the relations, each asked with 3, 4 and 5 parts in 120 (per_sender m: 3m, 3m + 1
     and 3m + 2 parts), ~`tokens` per sender; pure in (seed, tokens, per_sender)."""
-    if tokens < 100 or per_sender < 1:
-        raise ConfigError(f"aggregate: want tokens ≥ 100 and per_sender ≥ 1, got {tokens}, {per_sender}")
+    most = (min(len(r.values) for r in RELATIONS) - max(PARTS) + SENDERS) // SENDERS  # distinct values per answer
+    if tokens < 100 or not 1 <= per_sender <= most:
+        raise ConfigError(f"aggregate: want tokens ≥ 100 and 1 ≤ per_sender ≤ {most} (an answer's values are "
+                          f"distinct, and the smallest relation has {min(len(r.values) for r in RELATIONS)}), "
+                          f"got {tokens}, {per_sender}")
     rng = random.Random(seed)
     extra = (per_sender - 1) * SENDERS
     return [_episode(rng, i, RELATIONS[i % len(RELATIONS)], PARTS[i // len(RELATIONS) % len(PARTS)] + extra,

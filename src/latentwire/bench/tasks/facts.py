@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 
+from ...errors import ConfigError, UnknownNameError
 from ..episode import Episode, Span
 
 SENDERS = 3
@@ -162,7 +163,7 @@ def _episode(rng: random.Random, idx: int, qtype_hops: tuple[str, int], bucket: 
     `rng` does not depend on `follow_ups`, so the first episode is the same either way."""
     qtype, hops = qtype_hops
     if senders < hops:
-        raise ValueError(f"a {hops}-hop question needs ≥ {hops} senders, got {senders}")
+        raise ConfigError(f"a {hops}-hop question needs ≥ {hops} senders, got {senders}")
     k = rng.randint(6, 8)
     projects = rng.sample(PROJECTS, k)
     cities = rng.sample(CITIES, k)
@@ -228,6 +229,8 @@ def episodes(seed: int, n: int, tokens: int, senders: int, hops: int | None = No
              topology: str = "fanin") -> list[Episode]:
     """`n` episodes of `senders` contexts of ~`tokens` tokens each (any size, any number of senders), cycling
     over the question types (of `hops` hops only, if given): for scaling sweeps and chains. Pure in `seed`."""
+    if hops not in (None, *sorted({h for _, h in QTYPES})):
+        raise ConfigError(f"facts: hops must be 1 or 2 (or None for both), got {hops!r}")
     qtypes = [q for q in QTYPES if hops is None or q[1] == hops]
     rng = random.Random(seed)
     return [_episode(rng, i, qtypes[i % len(qtypes)], tokens, senders, topology) for i in range(n)]
@@ -245,6 +248,9 @@ def follow_up_episodes(seed: int, n: int, tokens: int, senders: int = SENDERS,
     """`n` groups of episodes over the same documents (agents that hold their documents and answer several
     questions): group i asks `questions` in order about one world's target project, the first question
     cycling the one-hop types as `episodes` does. Pure in `seed`."""
+    for q in questions:
+        if q not in dict(QTYPES):
+            raise UnknownNameError("facts question type", q, dict(QTYPES))
     rng = random.Random(seed)
     one_hop = [q for q in QTYPES if q[1] == 1]
     groups = []
