@@ -8,6 +8,7 @@ Every call appends a `CallRecord` (wall time, rows in, tokens out, context) to `
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from functools import cached_property
@@ -23,6 +24,8 @@ from .models import cache_arg, load, tokenizer_fingerprint
 from .blend import blended_cache, check_blend, recompute_count
 from .rope import decoder_of
 from .state import Geometry, KVState
+
+_UIDS = itertools.count()
 
 log = logging.getLogger("latentwire")
 
@@ -50,6 +53,7 @@ class Agent:
         config = model.config.get_text_config(decoder=True)
         self.context_window = int(config.max_position_embeddings) if context_window is None else context_window
         self.calls: list[CallRecord] = []
+        self.uid = next(_UIDS)  # names this agent in memo keys: unlike id(), never reused by a later agent
 
     @classmethod
     def from_pretrained(cls, name_or_path: str = "smollm2-135m", device: str | torch.device | None = None,

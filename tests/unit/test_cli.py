@@ -219,7 +219,7 @@ def test_ask_follow_ups_find_every_read_held(monkeypatch, capsys, tmp_path):
                      "cacheback(ratio=4, latent_steps=1)"]) == 0
     text = capsys.readouterr().out
     assert "Q1: Where is the offsite?" in text and "follow-up Q2: When is lunch?" in text
-    assert text.count("question-time") == 3 and "every read was held from the first question" in text
+    assert text.count("question-time") == 3 and "every read and index was held from the first question" in text
     assert cli.main(["ask", "Q?", str(tmp_path), "--then", "  "]) == 2
     assert "a question is empty" in capsys.readouterr().err
 

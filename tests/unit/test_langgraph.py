@@ -63,6 +63,7 @@ def test_a_held_retriever_builds_its_indexes_once_and_reports_question_time(agen
     first = app.invoke({"question": "Which city?", "documents": DOCS}, thread)["latentwire"]
     second = app.invoke({"question": "How many bolts?", "documents": {}}, thread)["latentwire"]
     assert (first["indexes_computed"], second["indexes_computed"]) == (3, 0)  # one per document, then held
+    assert (first["held_indexes"], second["held_indexes"]) == (0, 3)
     assert first["reads_computed"] == second["reads_computed"] == 0  # no sender LLM runs
     assert first["tteoa_question"] < first["tteoa"] and second["tteoa_question"] == pytest.approx(second["tteoa"])
     cold = get_protocol("retrieval", selector="bm25", ratio=4, max_new_tokens=4).run(

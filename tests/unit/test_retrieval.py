@@ -161,6 +161,30 @@ def test_dense_without_its_package_names_the_extra(monkeypatch):
         get_selector("dense")
 
 
+def test_an_unreadable_encoder_weights_file_is_a_typed_error(tmp_path):
+    """A corrupt `model.safetensors` (or a Git-LFS pointer in its place) raises safetensors' own error, which is
+    not an OSError: it must still come out as ModelNotFoundError naming the folder."""
+    from transformers import BertConfig
+
+    from latentwire.errors import ModelNotFoundError
+    from latentwire.select.dense import embed, longest
+
+    BertConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16,
+               vocab_size=30).save_pretrained(tmp_path)
+    (tmp_path / "model.safetensors").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:0\n")
+    with pytest.raises(ModelNotFoundError, match=str(tmp_path)):
+        embed(["a sentence"], str(tmp_path))
+
+    class Tok:
+        model_max_length = int(1e30)  # what transformers reports when a tokenizer sets no limit
+
+    class Model:
+        class config:
+            max_position_embeddings = 512
+
+    assert longest(Tok(), Model()) == 512
+
+
 def _lexical_recall(agent, episodes, ratio: int = 8) -> float:
     """Mean evidence recall (gold tokens kept) of word-overlap retrieval at `ratio`, as the runner scores it."""
     from latentwire.bench.episode import span_token_positions

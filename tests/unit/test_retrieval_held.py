@@ -94,6 +94,7 @@ def test_held_reads_build_each_index_once_across_questions(agent_for, monkeypatc
     assert all(r > 0 for r in outs[0].read_seconds) and outs[1].read_seconds == (0.0, 0.0)  # held: done before
     assert outs[1].details["held_index"] == [True, True]
     assert held.reads_computed == 0 and held.indexes_computed == 2  # an index is not a KV read
+    assert held.indexes_served_held == (len(QUESTIONS) - 1) * 2  # every later question found both held
     if selector == "dense":  # the unit embeddings count against the bound: (U, 384) float32 per document
         assert held.nbytes >= sum(4 * 384 * n for n in built)
     cold = Retrieval(selector=selector, ratio=3).run([agent, agent], [DOC, OTHER], agent, QUESTIONS[1])

@@ -213,6 +213,32 @@ def test_context_rows_name_each_sentences_paragraph_lead_or_predecessor():
         context_rows(groups, per_row, doc, "all")
 
 
+def test_context_rows_in_one_pass_match_their_definition_on_random_documents():
+    """Each group's lead / predecessor is the first / last earlier text group of its paragraph (the definition,
+    quadratic in the groups, written out here; `context_rows` finds it in one pass)."""
+    import bisect
+    import random
+    import re
+
+    from latentwire.select import context_rows, sentence_groups
+
+    rng = random.Random(0)
+    for _ in range(30):
+        doc = "".join(rng.choice(["Ann sings. ", "Bo rows! ", "x = 1\n", "\n\n", "\n", "  \n \n", "Why? "])
+                      for _ in range(rng.randint(1, 40)))
+        per_row = [(m.start(), m.end()) for m in re.finditer(r"\n+|[ \t]*\S+", doc)]
+        groups = sentence_groups(per_row, doc, 32)
+        breaks = [m.end() for m in re.finditer(r"\n[ \t]*\n", doc)]
+        para = [bisect.bisect_right(breaks, per_row[g[0]][0]) for g in groups]
+        text = [any(doc[per_row[r][0]:per_row[r][1]].strip() for r in g) for g in groups]
+        for kind in ("lead", "previous"):
+            want = []
+            for i in range(len(groups)):
+                before = [j for j in range(i) if para[j] == para[i] and text[j]]
+                want.append(list(groups[before[0] if kind == "lead" else before[-1]]) if before and text[i] else [])
+            assert context_rows(groups, per_row, doc, kind) == want, (doc, kind)
+
+
 def test_select_rows_with_context_pays_for_shared_rows_once_and_never_exceeds_the_budget():
     keep = torch.zeros(10, dtype=torch.bool)
     keep[0] = True

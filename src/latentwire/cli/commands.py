@@ -306,7 +306,7 @@ def _ask(args) -> int:
     for turn, question in enumerate(questions):
         if len(questions) > 1 and not args.json:
             print(f"{'Q' if turn == 0 else 'follow-up Q'}{turn + 1}: {question}")
-        before = held.reads_computed
+        before = (held.reads_computed, held.indexes_computed)
         with shared_reads(held):  # every protocol of this question shares each sender's read; later ones keep it
             for label, protocol in protocols.items():
                 try:
@@ -324,8 +324,8 @@ def _ask(args) -> int:
                     continue
                 ran += 1
                 _print_answer(args, label, question, turn, out, names, documents)
-        if turn and not args.json and held.reads_computed == before:
-            print("  (every read was held from the first question: TTEOA is question-time)")
+        if turn and not args.json and (held.reads_computed, held.indexes_computed) == before:
+            print("  (every read and index was held from the first question: TTEOA is question-time)")
     return 0 if ran else 2
 
 

@@ -110,13 +110,14 @@ class FaninNode:
     def _step(self, state: Mapping[str, Any]) -> dict:
         question, senders, documents, receiver = self._inputs(state)
         t0 = time.perf_counter()
-        computed = served = indexes = None
+        computed = served = indexes = held_indexes = None
         if self.transport is None:
-            before = (self.held.reads_computed, self.held.served_held, self.held.indexes_computed)
+            before = (self.held.reads_computed, self.held.served_held, self.held.indexes_computed,
+                      self.held.indexes_served_held)
             with shared_reads(self.held):
                 out = self.protocol.run([self.agents[s] for s in senders], documents, self.agents[receiver], question)
             computed, served = self.held.reads_computed - before[0], self.held.served_held - before[1]
-            indexes = self.held.indexes_computed - before[2]
+            indexes, held_indexes = self.held.indexes_computed - before[2], self.held.indexes_served_held - before[3]
         else:
             out = run_protocol(self.transport, self.protocol, senders, documents, receiver, question)
         wall = time.perf_counter() - t0
@@ -125,7 +126,7 @@ class FaninNode:
                 "tteoa": out.tteoa, "tteoa_question": out.question_tteoa, "sender_seconds": list(out.sender_seconds),
                 "receiver_seconds": out.receiver_seconds, "wall_seconds": wall, "senders": senders,
                 "receiver": receiver, "reads_computed": computed,
-                "held_reads": served, "indexes_computed": indexes,
+                "held_reads": served, "indexes_computed": indexes, "held_indexes": held_indexes,
                 "held_bytes": None if self.transport else self.held.nbytes,
                 "kept_spans": None if out.kept_spans is None else {
                     s: [list(span) for span in spans] for s, spans in zip(senders, out.kept_spans)}}

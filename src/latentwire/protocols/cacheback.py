@@ -250,7 +250,7 @@ class CacheBack(Protocol):
         if not self.probe:
             return None
         cached = self._memo.setdefault(state, {})
-        key = ("probe", id(sender), question)
+        key = ("probe", sender.uid, question)
         if key not in cached:
             answer = sender.answer_after(state, KV_PROMPT.format(question=question), max_new_tokens=self.probe)
             cached[key] = sender.tokenizer.decode(list(answer.token_ids), skip_special_tokens=True)
@@ -294,7 +294,7 @@ class CacheBack(Protocol):
         the read's seconds: an agent that holds its document has them before a question), and reused."""
         if self.calibration != "generic":
             return None
-        key = (id(sender), self.query_format, self.probe, self.probe_mix)
+        key = (sender.uid, self.query_format, self.probe, self.probe_mix)
         cached = self._memo.setdefault(state, {})
         if key not in cached:
             cached[key] = self.question_scores(self._selector, sender, state, GENERIC_QUESTION)

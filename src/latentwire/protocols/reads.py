@@ -76,6 +76,7 @@ class HeldReads:
         self.served_held = 0  # finished states served from an earlier block (read before the question)
         self.dropped = 0  # entries dropped to stay within max_bytes
         self.indexes_computed = 0  # retrievers' document indexes built (`held_value`), not counted as reads
+        self.indexes_served_held = 0  # indexes served from an earlier block (built before the question)
 
     @property
     def nbytes(self) -> int:
@@ -198,7 +199,7 @@ def read(sender: Agent, prompt: str, latent_steps: int, latent_mode: str, full_h
         state = sender.think(sender.prefill(prompt, full_history=full), latent_steps, latent_mode, full)
         return Read(state, time.perf_counter() - t0, False)
     held = _HELD.get()
-    who = (id(sender), sender.model_name, str(sender.dtype), str(sender.device), prompt) + (("full",) if full else ())
+    who = (sender.uid, sender.model_name, str(sender.dtype), str(sender.device), prompt) + (("full",) if full else ())
     key = who + (latent_steps, latent_mode) if latent_steps else who  # G = 0: the finished state is the prefill
     if key in memo:
         state, charged, was_held = _serve(memo, held, key)
@@ -254,6 +255,7 @@ def _serve(memo: dict, held: HeldReads | None, key) -> tuple[Any, float, bool]:
     if held is None:
         return value, seconds, False
     charged, was_held = held._charge(key, seconds)
+    held.indexes_served_held += was_held and key[0] == "index"
     return value, charged, was_held
 
 
@@ -271,7 +273,7 @@ def report(sender: Agent, prompt: str, max_new_tokens: int) -> Report:
     """The sender's greedy answer to `prompt` (a report) capped at `max_new_tokens`. Inside `shared_reads()`
     one decode per (sender, prompt) serves every cap it covers (`Answer.truncated`); a cap beyond what a
     capped decode reached decodes again, and that longer decode is kept for the next."""
-    key = ("report", id(sender), sender.model_name, str(sender.dtype), str(sender.device), prompt)
+    key = ("report", sender.uid, sender.model_name, str(sender.dtype), str(sender.device), prompt)
     return _capped(sender, key, lambda cap: sender.answer(prompt, max_new_tokens=cap), max_new_tokens)
 
 
@@ -280,7 +282,7 @@ def report_after(sender: Agent, prompt: str, user: str, max_new_tokens: int) -> 
     the question, shared like any `read`; the question comes as a new turn `user` after it, and only that turn
     is prefilled (`Agent.answer_after`). Decodes are shared across caps as in `report`."""
     r = read(sender, prompt, 0, "rescale")
-    key = ("report", id(sender), sender.model_name, str(sender.dtype), str(sender.device), prompt, "after", user)
+    key = ("report", sender.uid, sender.model_name, str(sender.dtype), str(sender.device), prompt, "after", user)
     return _capped(sender, key, lambda cap: sender.answer_after(r.state, user, max_new_tokens=cap), max_new_tokens), r
 
 

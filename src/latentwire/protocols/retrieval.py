@@ -135,10 +135,11 @@ class Retrieval(Protocol):
         return Picked(text, kept, time.perf_counter() - t0 + read_s, budget, len(kept), read_s, held)
 
     def _index_key(self, sender: Agent, document: str) -> tuple:
-        """What a held index depends on: the sender's tokenizer and template, the units (span mode, span, context)
-        and the selector with its parameters (its dataclass repr); not the budget or the fill."""
-        return ("index", id(sender), sender.model_name, repr(self._selector), self.span_mode, self.span,
-                self.context, document)
+        """What a held index depends on: the sender and its templated prompt (so a changed chat template is a new
+        index), the units (span mode, span, context) and the selector with its parameters (its dataclass repr); not
+        the budget or the fill."""
+        return ("index", sender.uid, sender.model_name, repr(self._selector), self.span_mode, self.span,
+                self.context, sender.chat_text(SENDER_PROMPT.format(document=document)))
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
         picked = [self.pick(sender, doc, question) for sender, doc in self._pair(senders, documents)]

@@ -252,13 +252,13 @@ def context_rows(groups: list[list[int]], per_row: list, document: str, kind: st
     breaks = [m.end() for m in re.finditer(r"\n[ \t]*\n", document)]  # paragraph starts (after each blank line)
     para = [bisect.bisect_right(breaks, per_row[g[0]][0]) for g in groups]  # paragraph index of each group
     text = [any(document[per_row[r][0]:per_row[r][1]].strip() for r in g) for g in groups]  # not newlines alone
-    out = []
+    out, first, last = [], {}, {}  # per paragraph: its first and its latest text group so far (one pass)
     for i in range(len(groups)):
-        before = [j for j in range(i) if para[j] == para[i] and text[j]]  # earlier sentences of its paragraph
-        if kind == "none" or not before or not text[i]:
-            out.append([])
-        else:
-            out.append(list(groups[before[0] if kind == "lead" else before[-1]]))
+        j = first.get(para[i]) if kind == "lead" else last.get(para[i])  # an earlier sentence of its paragraph
+        out.append([] if kind == "none" or j is None or not text[i] else list(groups[j]))
+        if text[i]:
+            first.setdefault(para[i], i)
+            last[para[i]] = i
     return out
 
 

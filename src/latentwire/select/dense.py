@@ -42,6 +42,7 @@ def encoder(source: str):
     replaced by a check of our own: keys the checkpoint lacks (or holds at another shape) would leave the encoder
     partly random, so they raise; keys it holds beyond the model (the packaged MiniLM's `position_ids` buffer)
     are harmless and pass without a printed table, as does a missing pooler (only the hidden states are read)."""
+    from safetensors import SafetensorError  # a corrupt or Git-LFS-pointer weights file: not an OSError
     from transformers import AutoModel, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -52,7 +53,8 @@ def encoder(source: str):
             model, info = AutoModel.from_pretrained(source, dtype=torch.float32, output_loading_info=True,
                                                     ignore_mismatched_sizes=True)  # reported below, not raised
             tokenizer = AutoTokenizer.from_pretrained(source)
-    except (OSError, ValueError, KeyError) as e:  # no such folder or repository, or nothing transformers can build
+    except (OSError, ValueError, KeyError, SafetensorError) as e:  # no such folder or repository, unreadable weights,
+        # or nothing transformers can build
         raise ModelNotFoundError(f"the dense selector's encoder {source!r} could not be loaded "
                                  f"({str(e).splitlines()[0][:200] if str(e) else type(e).__name__}); give a packaged "
                                  f"name ({', '.join(PACKAGED)}), a local encoder folder or a hub id") from e
@@ -74,10 +76,17 @@ def embed(texts: list[str], source: str, pooling: str = "mean", batch_size: int 
         return _embed(tokenizer, model, texts, pooling, batch_size)
 
 
+def longest(tokenizer, model) -> int:
+    """The most tokens an input may have: the tokenizer's limit, but never past the position table (a tokenizer
+    that sets no limit reports a huge one, and truncation would then let a long text overrun the positions)."""
+    return min(tokenizer.model_max_length, getattr(model.config, "max_position_embeddings", None) or 10**9)
+
+
 def _embed(tokenizer, model, texts: list[str], pooling: str, batch_size: int) -> torch.Tensor:
     out = []
     for i in range(0, len(texts), batch_size):
-        batch = tokenizer(texts[i:i + batch_size], padding=True, truncation=True, return_tensors="pt")
+        batch = tokenizer(texts[i:i + batch_size], padding=True, truncation=True, return_tensors="pt",
+                          max_length=longest(tokenizer, model))
         hidden = model(**batch).last_hidden_state  # (B, L, D)
         if pooling == "cls":
             pooled = hidden[:, 0]
