@@ -56,3 +56,22 @@ def test_given_evidence_pairs_only_episodes_where_both_messages_carried_it_all(m
     n, acc, base, (diff, lo, hi) = given_evidence(records, "m", "d")
     assert (n, acc, base, diff) == (3, 2 / 3, 2 / 3, 0.0) and lo <= 0.0 <= hi
     assert given_evidence(records, "m", "absent")[0] == 0
+
+
+def test_the_hedge_proof_score_and_the_decoy_check(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import rival_robustness as rr
+
+    docs = ("Mira Novak can play the cello.", "Bo Lind can play the oboe.", "Ada Berg was born in Hobart.")
+    single = Episode("p-1", "paraphrase", "fanin", "Which musical instrument does Mira Novak practise?", ["cello"],
+                     docs, (Span(0, 0, 30),), {"qtype": "instrument"})
+    assert rr.hedge_proof({"answer": "The cello.", "accuracy": 1.0}, single) == 1.0
+    assert rr.hedge_proof({"answer": "The cello or the oboe.", "accuracy": 1.0}, single) == 0.0  # a hedge
+    assert rr.has_decoy(single)  # the oboe is another value of the asked relation
+    alone = Episode("p-2", "paraphrase", "fanin", "Q?", ["cello"], docs[:1] + docs[2:], (), {"qtype": "instrument"})
+    assert not rr.has_decoy(alone)
+    agg = Episode("a-1", "aggregate", "fanin", "Q?", {"p0": ["cello"], "p1": ["oboe"]}, docs, (),
+                  {"qtype": "instrument"})
+    assert rr.hedge_proof({"answer": "cello and oboe", "accuracy": 1.0}, agg) == 1.0
+    assert rr.hedge_proof({"answer": "cello, oboe, tuba, sitar", "accuracy": 1.0}, agg) == 2 * 2 / (4 + 2)  # set F1
+    assert rr.hedge_proof({"answer": "a tuba", "accuracy": 0.0}, agg) == 0.0
