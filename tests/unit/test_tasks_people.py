@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from latentwire.bench.tasks import SEED, TASKS, facts, generate, load_task, people, task_path
+from latentwire.bench.tasks import SEED, TASKS, facts, generate, load_task, paraphrase, people, task_path
 from latentwire.select.bm25 import terms
 from latentwire.select.lexical import content_words
 
@@ -144,6 +144,8 @@ def test_paraphrase_question_shares_only_the_name_with_the_evidence(fresh):
         sentences = [t for c in e.contexts for t in SENTENCE_END.split(c.replace("\n\n", " ")) if name in t]
         assert len(sentences) == sum(counts) and all(len(q & content_words(t)) >= 2 for t in sentences)
         assert len(q & content_words(ev)) == 2
+        for other, values in paraphrase.CROSS_ANSWERS.get(rel.name, {}).items():  # e.g. a feared hornet's sting
+            assert not [v for c in e.contexts for v in values if re.search(rf"\b{v}\b", c)], (e.id, other)
 
 
 def test_coref_evidence_names_the_target_only_by_pronoun_or_nickname(fresh):

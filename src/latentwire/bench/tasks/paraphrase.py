@@ -6,7 +6,9 @@ people, and office filler fills each context to ~330 tokens. Exactly one sentenc
 asked attribute ("Petra Lund can play the cello."); the question paraphrases it ("Which musical instrument
 does Petra Lund practise?") and shares no content word with it but the name. So every target sentence ties
 with the evidence on the name, and some of them beat it on other words: word overlap cannot find the
-evidence, only the meaning of the relation can. Values are unique within the episode (see `people`).
+evidence, only the meaning of the relation can. Values are unique within the episode (see `people`). A value
+of another relation that would also answer the paraphrase (asked "What triggers a reaction in X?", the
+sentence "X is terrified of hornets") is never drawn in that episode (`CROSS_ANSWERS`).
 """
 from __future__ import annotations
 
@@ -18,11 +20,17 @@ from .people import RELATIONS, Relation, answers, cast, say
 
 SENDERS = 3
 TOKENS = 330  # target tokens per sender context
+# Asked relation -> {other relation: its values that would answer the asked one's paraphrase too}: a stinging
+# creature one fears triggers a reaction, and a sting one is allergic to frightens.
+CROSS_ANSWERS = {"allergy": {"fear": {"hornets", "jellyfish", "scorpions"}},
+                 "fear": {"allergy": {"wasps", "bee stings"}}}
 
 
 def _episode(rng: random.Random, idx: int, rel: Relation) -> Episode:
     target, *others = cast(rng, 1 + rng.randint(3, 4))
     pools = {r.name: rng.sample(r.values, len(r.values)) for r in RELATIONS}  # pop() draws a fresh value
+    for other, drop in CROSS_ANSWERS.get(rel.name, {}).items():  # drawn as before: other episodes are unchanged
+        pools[other] = [v for v in pools[other] if v not in drop]
     counts = [rng.randint(7, 8) for _ in range(SENDERS)]
     gold_agent = rng.randrange(SENDERS)
     rest = rng.sample([r for r in RELATIONS if r is not rel], sum(counts) - 1)
