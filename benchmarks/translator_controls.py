@@ -125,7 +125,8 @@ def page(out: Path, methods: list[str], control: str, command: str) -> dict:
         diff = f"{100 * v['diff']:+.1f} pp [{100 * v['low']:+.1f}, {100 * v['high']:+.1f}]"
         if v["holm"] <= 0.05:
             diff = f"**{diff}**"
-        lines.append(f"| {claim} | {a} − {b} | {diff} | {v['p']:.3g} | {v['holm']:.3g} | {decide(v)} |")
+        reads = decide(v | {"p_holm": v["holm"]})
+        lines.append(f"| {claim} | {a} − {b} | {diff} | {v['p']:.3g} | {v['holm']:.3g} | {reads} |")
     lines += ["", holm_note(len(found)), "", "## How it ran", ""]
     lines += [f"- {task}: {how}" for (_, task), (_, how) in sorted(cell_runs(out).items())]
     lines += ["", "Training runs (validation answer loss on each run's own validation pairs: a control's are "

@@ -121,11 +121,13 @@ def verdicts_by_receiver(cells: dict) -> dict:
 
 
 def decide(v: dict) -> str:
-    if v["low"] > 0:
+    """A claim holds (or is reversed) only where its Holm-adjusted p is ≤ 0.05 and its CI agrees in sign: the
+    percentile-bootstrap CI alone can exclude 0 where the exact test does not reject."""
+    if v["p_holm"] <= 0.05 and v["low"] > 0:
         return "holds"
-    if v["high"] < 0:
+    if v["p_holm"] <= 0.05 and v["high"] < 0:
         return "reversed"
-    return "not established (CI includes 0)"
+    return "not established (CI includes 0)" if v["low"] <= 0 <= v["high"] else "not established (Holm p > 0.05)"
 
 
 def training_logs(grid: Path) -> list[tuple[str, dict]]:
@@ -188,10 +190,10 @@ def verdict_section(cells: dict) -> tuple[list[str], list[dict]]:
     """The pooled verdicts table (McNemar p, Holm-adjusted) and its rows as grid.json's "verdicts"."""
     lines = ["", "## Verdicts", "", "| claim | a − b | macro difference [95% CI] | McNemar p | Holm p | episodes | "
              "verdict |", "|---|---|---|---:|---:|---:|---|"]
-    verdicts = [{"a": a, "b": b, "claim": claim, **v, "verdict": decide(v)}
-                for a, b, claim in VERDICTS if (v := paired(cells, a, b)) is not None]
+    verdicts = [{"a": a, "b": b, "claim": claim, **v} for a, b, claim in VERDICTS if (v := paired(cells, a, b))]
     for v, q in zip(verdicts, holm([v["p"] for v in verdicts])):
         v["p_holm"] = q
+        v["verdict"] = decide(v)
         lines.append(f"| {v['claim']} | {v['a']} − {v['b']} | {100 * v['diff']:+.1f} pp [{100 * v['low']:+.1f}, "
                      f"{100 * v['high']:+.1f}] | {v['p']:.3g} | {q:.3g} | {v['n']} | {v['verdict']} |")
     if verdicts:

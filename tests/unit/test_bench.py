@@ -528,3 +528,24 @@ def test_pareto_front_in_the_legend_is_drawn(tiny_task, tmp_path, monkeypatch):
     handles, labels = ax.get_legend_handles_labels()
     line = handles[labels.index("Pareto front")]
     assert len(line.get_xdata()) == front >= 1 and line.get_marker() == "o" and line.get_markersize() > 0
+
+
+def test_median_cis_resample_whole_clusters():
+    from latentwire.bench.metrics import bootstrap_median_ci, median_ratio_ci
+
+    xs = [0.4, 0.5, 0.55, 0.6, 0.7, 0.45, 0.52]
+    assert bootstrap_median_ci(xs, clusters=list(range(7))) == bootstrap_median_ci(xs)  # singletons: as before
+    m, lo, hi = bootstrap_median_ci([1.0, 1.0, 1.0, 2.0, 2.0, 2.0], clusters="aaabbb")
+    assert (m, lo, hi) == (1.5, 1.0, 2.0)  # a resample is AA, AB or BB: never a mix within a cluster
+    assert median_ratio_ci([2.0, 4.0], [4.0, 4.0], clusters=["s", "s"])[:2] == (0.75, 0.75)
+    with pytest.raises(ValueError, match="one cluster per value"):
+        bootstrap_median_ci(xs, clusters="ab")
+
+
+def test_the_summary_says_how_many_episodes_its_question_time_median_covers(tmp_path):
+    from latentwire.bench.report import _summary_lines, summarize
+
+    recs = [{"episode": f"e{i}", "protocol": "p", "accuracy": 1.0, "tteoa": 2.0,
+             **({"tteoa_question": 1.0} if i < 3 else {})} for i in range(5)]  # two written before the field
+    line = next(x for x in _summary_lines(summarize(recs, ["p"])) if x.startswith("| `p`"))
+    assert line.endswith(" 1.00 (n = 3) |")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from latentwire.bench.episode import Episode, write_episodes
 from latentwire.agent import Agent
 from latentwire.bench.tasks import facts
 
@@ -61,7 +62,7 @@ def test_a_cell_reads_each_group_once_and_records_both_timings(tmp_path, monkeyp
     assert f"`{protocols[0]}`" not in times  # text that re-reads has no question-time figure to break down
 
 
-def test_the_aggregation_cell_asks_for_notes_and_checks_its_own_goal(monkeypatch):
+def test_the_aggregation_cell_asks_for_notes_and_checks_its_own_goal(monkeypatch, tmp_path):
     monkeypatch.syspath_prepend(str(BENCHMARKS))
     import stored_states as ss
 
@@ -71,13 +72,33 @@ def test_the_aggregation_cell_asks_for_notes_and_checks_its_own_goal(monkeypatch
     family = ss.family_for("aggregate_2000")
     assert (ss.CBKVM, "text(report='notes', read='held')") in family and ss.TEXTH not in {a for p in family for a in p}
     assert ss.family_for("facts1_500") == ss.FAMILY
-    times = {"aggregate_2000": {ss.CBKVM: [1.0, 1.2], "text(report='notes', read='held')": [4.0, 4.4]},
-             "facts1_4000": {ss.CBKVM: [3.0], ss.CBKVRM: [1.6], ss.TEXTH: [4.0]}}
-    text = "\n".join(ss.goal_lines(times))
-    assert "Goal at aggregate_2000" in text and "≤ 0.33: measured ×0.26, time **met**" in text
-    assert f"`{ss.CBKVM}` ÷ `{ss.TEXTH}` median question-time TTEOA ≤ 0.5: measured ×0.75, time **missed**" in text
-    assert f"`{ss.CBKVRM}` ÷ `{ss.TEXTH}` median question-time TTEOA ≤ 0.5: measured ×0.40, time **met**" in text
-    assert ss.CBM not in text  # a contender with no figures in the cell is not judged
+
+    def cell(name: str, times: dict[str, list[float]], runs: dict[str, str] | None = None) -> None:
+        """A cell folder whose episodes each have their own documents, with these question-time TTEOAs."""
+        folder = tmp_path / name
+        folder.mkdir()
+        n = len(next(iter(times.values())))
+        eps = [Episode(f"e{i}", "facts", "fanin", "Q?", ["x"], (f"doc {i}",)) for i in range(n)]
+        write_episodes(folder / "episodes.jsonl", eps)
+        (folder / "config.json").write_text(json.dumps({"config": {"protocols": {p: {} for p in times}}}))
+        recs = [{"episode": e.id, "protocol": p, "accuracy": 1.0, "tteoa": 9.0, "tteoa_question": t[i],
+                 "sender_seconds": [1.0], "run": (runs or {}).get(p, "r1")}
+                for p, t in times.items() for i, e in enumerate(eps)]
+        (folder / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+    notes = "text(report='notes', read='held')"
+    cell("aggregate_2000", {ss.CBKVM: [1.0, 1.2, 1.1, 0.9, 1.0, 1.1], notes: [4.0, 4.4, 4.2, 4.0, 3.9, 4.1]})
+    cell("facts1_4000", {ss.CBKVM: [3.0, 3.0, 3.3, 2.7, 3.0, 3.0], ss.CBKVRM: [1.6, 2.4, 1.8, 2.2, 1.9, 2.1],
+                         ss.TEXTH: [4.0] * 6}, runs={ss.CBKVRM: "r2"})
+    goals = {(line.split("`")[1], line.split()[2]): line for line in ss.goal_lines(tmp_path) if line}
+    assert set(goals) == {(ss.CBKVM, "aggregate_2000:"), (ss.CBKVM, "facts1_4000:"), (ss.CBKVRM, "facts1_4000:")}
+    met = goals[ss.CBKVM, "aggregate_2000:"]  # a contender with no figures in a cell (CBM) is not judged
+    assert f"÷ `{notes}` question-time TTEOA ≤ ×0.33: ×0.26 [" in met and met.endswith(
+        "(median of 6 paired ratios, CI over sets of documents), time **met** (accuracy: the verdict rows below).")
+    assert "×0.75 [" in goals[ss.CBKVM, "facts1_4000:"] and "time **missed**" in goals[ss.CBKVM, "facts1_4000:"]
+    around = goals[ss.CBKVRM, "facts1_4000:"]  # ratios 0.40-0.60 around the target, timed by another run
+    assert "≤ ×0.5: ×0.50 [" in around and "] † (median" in around
+    assert "time **not established (its CI holds the target)**" in around and "†" not in met
 
 
 def test_a_group_resumed_after_its_first_question_still_finds_its_reads_held(tmp_path, monkeypatch, models,

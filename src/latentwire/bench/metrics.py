@@ -159,13 +159,25 @@ def bootstrap_ci(values: Sequence[float], n_resamples: int = 2000, seed: int = 0
 
 
 def bootstrap_median_ci(values: Sequence[float], n_resamples: int = 2000, seed: int = 0,
-                        level: float = 0.95) -> tuple[float, float, float]:
-    """(median, low, high) with a percentile bootstrap of the median; deterministic given the seed."""
+                        level: float = 0.95, clusters: Sequence | None = None) -> tuple[float, float, float]:
+    """(median, low, high) with a percentile bootstrap of the median; deterministic given the seed. `clusters`
+    (one id per value, e.g. the set of documents several questions share): whole clusters are resampled and the
+    median taken over their pooled values, so correlated values do not count as independent."""
     xs = [float(v) for v in values]
     if not xs:
         return float("nan"), float("nan"), float("nan")
     rng = random.Random(seed)
-    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(n_resamples))
+    if clusters is None:
+        meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(n_resamples))
+    else:
+        if len(clusters) != len(xs):
+            raise ValueError(f"one cluster per value: {len(clusters)} clusters for {len(xs)} values")
+        groups: dict = {}
+        for c, x in zip(clusters, xs):
+            groups.setdefault(c, []).append(x)
+        cells = list(groups.values())
+        meds = sorted(statistics.median([x for g in rng.choices(cells, k=len(cells)) for x in g])
+                      for _ in range(n_resamples))
     return (statistics.median(xs), meds[int((1 - level) / 2 * n_resamples)],
             meds[min(n_resamples - 1, int((1 + level) / 2 * n_resamples))])
 
@@ -230,8 +242,12 @@ def sign_flip_exact(a: Sequence[float], b: Sequence[float], max_denominator: int
     if not d.size:
         return 1.0
     observed = abs(d.sum()) - 1e-12 * max(1.0, np.abs(d).sum())  # float slack: the observed pattern counts
-    signs = np.random.default_rng(seed).choice([-1.0, 1.0], size=(draws, d.size))
-    extreme = int((np.abs(signs @ d) >= observed).sum())
+    rng, extreme, left = np.random.default_rng(seed), 0, draws
+    chunk = max(1, 2**22 // d.size)  # sign matrices of ≤ 32 MB (one chunk for every n below ~40)
+    while left:
+        signs = rng.choice([-1.0, 1.0], size=(min(chunk, left), d.size))
+        extreme += int((np.abs(signs @ d) >= observed).sum())
+        left -= signs.shape[0]
     return (1 + extreme) / (1 + draws)
 
 
@@ -247,11 +263,12 @@ def holm(ps: Sequence[float]) -> list[float]:
 
 
 def median_ratio_ci(num: Sequence[float], den: Sequence[float], n_resamples: int = 2000, seed: int = 0,
-                    level: float = 0.95) -> tuple[float, float, float]:
-    """Median over episodes of num_i / den_i (e.g. TTEOA of a over TTEOA of b), with a bootstrap CI."""
+                    level: float = 0.95, clusters: Sequence | None = None) -> tuple[float, float, float]:
+    """Median over episodes of num_i / den_i (e.g. TTEOA of a over TTEOA of b), with a bootstrap CI (over
+    `clusters` of episodes where given, as `bootstrap_median_ci`)."""
     if len(num) != len(den):
         raise ValueError(f"paired samples differ in length: {len(num)} vs {len(den)}")
-    return bootstrap_median_ci([float(x) / float(y) for x, y in zip(num, den)], n_resamples, seed, level)
+    return bootstrap_median_ci([float(x) / float(y) for x, y in zip(num, den)], n_resamples, seed, level, clusters)
 
 
 def stratified_bootstrap_ci(strata: Sequence[Sequence[float]], n_resamples: int = 2000, seed: int = 0,

@@ -67,6 +67,7 @@ def summarize(records: list[dict], order: list[str]) -> dict[str, dict]:
         row["tteoa_median"] = statistics.median(ok) if ok else None
         q = [r["tteoa_question"] for r in rs if r.get("tteoa_question") is not None]
         row["tteoa_question_median"] = statistics.median(q) if q else None
+        row["tteoa_question_n"] = len(q)  # records older than the field have none: shown where it is fewer
         ratios = [r["compression_ratio"] for r in rs if r.get("compression_ratio")]
         row["ratio"] = statistics.median(ratios) if ratios else None
         out[label] = row
@@ -101,7 +102,8 @@ def compare(records: list[dict], a: str, b: str, clusters: dict[str, str] | None
     error counts as a wrong answer (accuracy 0) and leaves its episode out of the TTEOA ratio (`n_timed`).
     `clusters` (episode id → cluster id; e.g. several questions over one set of documents): the accuracy CI and
     exact p treat each cluster's mean as one paired observation, so correlated questions do not count as
-    independent (n stays the episode count; `n_clusters` is set). `question_time`: the TTEOA ratio uses
+    independent (n stays the episode count; `n_clusters` is set), and the TTEOA ratio's CI resamples them too.
+    `question_time`: the TTEOA ratio uses
     `tteoa_question` where both records of every timed pair have it (`time` says which was used).
     LatentWireError if a protocol has two records of one episode (pairing would silently keep one)."""
     ra, rb = _by_episode(records, a), _by_episode(records, b)
@@ -126,7 +128,8 @@ def compare(records: list[dict], a: str, b: str, clusters: dict[str, str] | None
         out["n_clusters"] = len(acc_a)
     return out | {"diff": paired_bootstrap_diff(acc_a, acc_b),
                   "p": sign_flip_exact(acc_a, acc_b),  # McNemar's exact test on 0/1 scores; partial credit kept
-                  "tteoa_ratio": median_ratio_ci([ra[e][key] for e in timed], [rb[e][key] for e in timed])
+                  "tteoa_ratio": median_ratio_ci([ra[e][key] for e in timed], [rb[e][key] for e in timed],
+                                                 clusters=None if clusters is None else [clusters[e] for e in timed])
                   if timed else None, "n_timed": len(timed), "tteoa_mixed": mixed, "time": key}
 
 
@@ -162,7 +165,9 @@ PAIRING_NOTE = ("Pairs: the episodes both protocols ran; an episode that failed 
                 "answer and is left out of the TTEOA ratio, which is the median of the per-episode ratios "
                 "(\"(n = k)\" where it covers fewer episodes than the row). Exact p: the paired sign-flip test of "
                 "the accuracy difference, which is McNemar's exact test where every answer scores 0 or 1, and keeps "
-                "partial credit where answers have several parts (`aggregate`).")
+                "partial credit where answers have several parts (`aggregate`). The difference's interval is a "
+                "percentile bootstrap: with few discordant episodes it can exclude 0 while the exact p is above "
+                "0.05, so only the p (Holm-adjusted for a verdict) decides.")
 
 
 def with_holm(comparisons: list[dict]) -> list[dict]:
@@ -281,7 +286,8 @@ def _summary_lines(summary: dict[str, dict]) -> list[str]:
         cells = " | ".join(_cell(row[k], fmt) for k, _, fmt in COLUMNS)
         med = "—" if row["tteoa_median"] is None else f"{row['tteoa_median']:.2f}"
         q = row.get("tteoa_question_median")
-        tail = (" — |" if q is None else f" {q:.2f} |") if held else ""
+        n_q = row.get("tteoa_question_n", row["n"])
+        tail = (" — |" if q is None else f" {q:.2f}{f' (n = {n_q})' if n_q < row['n'] else ''} |") if held else ""
         lines.append(f"| `{label}` | {row['n']} | {row['errors']} | {cells} | {med} |{tail}")
     if held:
         lines += ["", "Question-time TTEOA: from the question's arrival for agents that already hold their documents "
