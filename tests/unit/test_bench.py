@@ -341,6 +341,12 @@ def test_clustered_pairs_count_each_set_of_documents_once_and_question_time_rati
     assert compare(one_cold, "a", "b", question_time=True)["time"] == "tteoa"  # one pair lacks it: cold for all
     with pytest.raises(LatentWireError, match="without a cluster: s3-q2"):
         compare(recs, "a", "b", {k: v for k, v in clusters.items() if k != "s3-q2"})
+    # unequal sets: 3 questions a right / b wrong, 1 question the other way round. The accuracies beside the
+    # difference weigh each set once, as the difference does (episode means would read 0.75 vs 0.25 beside +0 pp)
+    uneven = [{"episode": e, "protocol": p, "accuracy": float((p == "a") == (e != "t1")), "tteoa": 1.0}
+              for e in ("s1", "s2", "s3", "t1") for p in "ab"]
+    c = compare(uneven, "a", "b", {"s1": "s", "s2": "s", "s3": "s", "t1": "t"})
+    assert (c["acc_a"], c["acc_b"], c["diff"][0]) == (0.5, 0.5, 0.0)
 
 
 def test_an_alias_that_normalises_to_nothing_never_scores():

@@ -102,7 +102,8 @@ def compare(records: list[dict], a: str, b: str, clusters: dict[str, str] | None
     error counts as a wrong answer (accuracy 0) and leaves its episode out of the TTEOA ratio (`n_timed`).
     `clusters` (episode id → cluster id; e.g. several questions over one set of documents): the accuracy CI and
     exact p treat each cluster's mean as one paired observation, so correlated questions do not count as
-    independent (n stays the episode count; `n_clusters` is set), and the TTEOA ratio's CI resamples them too.
+    independent (n stays the episode count; `n_clusters` is set; the accuracies are means of cluster means, as the
+    difference is), and the TTEOA ratio's CI resamples them too.
     `question_time`: the TTEOA ratio uses
     `tteoa_question` where both records of every timed pair have it (`time` says which was used).
     LatentWireError if a protocol has two records of one episode (pairing would silently keep one)."""
@@ -125,7 +126,9 @@ def compare(records: list[dict], a: str, b: str, clusters: dict[str, str] | None
         if missing := sorted(e for e in eps if e not in clusters):
             raise LatentWireError(f"episodes without a cluster: {', '.join(missing[:5])}")
         acc_a, acc_b = cluster_means(eps, acc_a, clusters), cluster_means(eps, acc_b, clusters)
-        out["n_clusters"] = len(acc_a)
+        # the accuracies shown beside the difference weigh clusters as it does (equal to the episode means where
+        # every cluster has as many episodes)
+        out |= {"n_clusters": len(acc_a), "acc_a": sum(acc_a) / len(acc_a), "acc_b": sum(acc_b) / len(acc_b)}
     return out | {"diff": paired_bootstrap_diff(acc_a, acc_b),
                   "p": sign_flip_exact(acc_a, acc_b),  # McNemar's exact test on 0/1 scores; partial credit kept
                   "tteoa_ratio": median_ratio_ci([ra[e][key] for e in timed], [rb[e][key] for e in timed],
