@@ -2,7 +2,7 @@
 
     python benchmarks/rival.py [--cells paraphrase,coref,aggregate,facts1_500,code1] [--n 100]
                                [--model qwen2.5-coder-0.5b] [--out docs/results/rival] [--upto K] [--skip-recall]
-                               [--report-only]
+                               [--report-only] [--committed-episodes]
 
 A cell is a task (fan-in of 3 senders, one receiver, one model, default placement), run episode by episode
 over `--n` fresh episodes (seed 2026: not the shipped files), resumable. Inside an episode each sender's state
@@ -14,6 +14,9 @@ is read once and shared by everything that starts from it (each protocol is char
 2. End to end (`records.jsonl`, the bench runner's records and config): `PROTOCOLS`. Verdicts: the
    pre-specified `FAMILY` of paired comparisons (accuracy difference with its paired bootstrap CI, exact
    McNemar, Holm over the cell's family, median TTEOA ratio).
+
+A cell's episodes are its generator's; a folder whose committed episodes differ (the generator changed after the
+cell ran: `paraphrase` since 2026-12-07) is refused, or run as it is with `--committed-episodes`.
 
 `README.md` in the output folder: per task, which of CacheBack / retrieval / text reports / full context
 wins (accuracy with CIs, Holm p), the recall table, and the commands.
@@ -349,6 +352,9 @@ def main() -> None:
     ap.add_argument("--report-only", action="store_true", help="rewrite the reports from the records")
     ap.add_argument("--episodes-only", action="store_true",
                     help="only write each cell's episodes.jsonl (dev episodes: --seed 7 --out elsewhere), run nothing")
+    ap.add_argument("--committed-episodes", action="store_true",
+                    help="run the episodes each cell folder already holds, as they are: for a cell whose task "
+                         "generator changed after it ran (a plain run refuses it rather than mix two episode sets)")
     args = ap.parse_args()
     if args.upto is not None and args.upto < 1:
         sys.exit(f"--upto must be ≥ 1, got {args.upto}")
@@ -368,12 +374,18 @@ def main() -> None:
         folder = args.out / cell
         if not args.report_only:
             folder.mkdir(parents=True, exist_ok=True)
-            episodes = episodes_for(cell, args.n, args.seed)
+            if args.committed_episodes:
+                if not (folder / "episodes.jsonl").exists():
+                    sys.exit(f"--committed-episodes: {folder} holds no episodes.jsonl")
+                episodes = load_episodes(folder / "episodes.jsonl")[:args.n]
+            else:
+                episodes = episodes_for(cell, args.n, args.seed)
             if agent is None:
                 agent = Agent.from_pretrained(args.model, dtype=args.dtype)
             print(f"== {cell}: {args.n} episodes, {len(PROTOCOLS)} protocols -> {folder}", flush=True)
             with run_lock(folder):  # one run per folder: a second would duplicate and lose records
-                ensure_episodes(folder / "episodes.jsonl", episodes)
+                if not args.committed_episodes:
+                    ensure_episodes(folder / "episodes.jsonl", episodes)
                 log_command(folder, cmd)
                 run_cell(agent, folder, episodes, args.model, not args.skip_recall, args.upto)
         if has_records(folder):

@@ -4,8 +4,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from latentwire.agent import Agent
-from latentwire.bench.episode import Episode, Span
+from latentwire.bench.episode import Episode, Span, write_episodes
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -75,3 +77,27 @@ def test_the_hedge_proof_score_and_the_decoy_check(monkeypatch):
     assert rr.hedge_proof({"answer": "cello and oboe", "accuracy": 1.0}, agg) == 1.0
     assert rr.hedge_proof({"answer": "cello, oboe, tuba, sitar", "accuracy": 1.0}, agg) == 2 * 2 / (4 + 2)  # set F1
     assert rr.hedge_proof({"answer": "a tuba", "accuracy": 0.0}, agg) == 0.0
+
+
+def test_a_cell_whose_generator_changed_is_refused_or_run_as_committed(tmp_path, monkeypatch, models, tokenizer):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import rival
+
+    agent = Agent(models["qwen2"], tokenizer, model_name="qwen2")
+    monkeypatch.setattr(rival.Agent, "from_pretrained", classmethod(lambda cls, *a, **k: agent))
+    folder = tmp_path / "coref"
+    folder.mkdir()
+    docs = ("Mira Novak can play the cello.", "Bo Lind can play the oboe.", "Ada Berg can play the harp.")
+    committed = Episode("coref-0000", "coref", "fanin", "Which instrument can Mira Novak play?", ["cello"], docs,
+                        (Span(0, 0, 30),))  # not what today's generator gives for seed 2026
+    write_episodes(folder / "episodes.jsonl", [committed])
+    argv = ["rival.py", "--cells", "coref", "--n", "1", "--skip-recall", "--out", str(tmp_path)]
+    monkeypatch.setattr("sys.argv", argv)
+    with pytest.raises(SystemExit, match="holds other episodes than this cell's generator gives"):
+        rival.main()
+    assert not (folder / "records.jsonl").exists()  # refused before anything ran
+    monkeypatch.setattr("sys.argv", argv + ["--committed-episodes"])
+    rival.main()
+    records = [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
+    assert {r["episode"] for r in records} == {"coref-0000"} and len(records) == len(rival.PROTOCOLS)
+    assert (folder / "episodes.jsonl").read_text().strip() == committed.to_json()  # kept as it was
