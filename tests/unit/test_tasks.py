@@ -202,6 +202,8 @@ def test_code_answers_rederived_from_the_evidence(fresh):
     for e in fresh["code"]:
         ev = e.evidence_text()
         for s, text in zip(e.evidence, ev):
+            if text.startswith("# file: "):  # which_module's second span: the header naming the module
+                continue
             mod = _header_module(e.contexts[s.agent], s.start)
             assert mod in e.meta["modules"] and ("\n" + text + "\n") in ("\n" + stdlib[mod]), e.id
         names = re.findall(r"`([^`]+)`", e.question)
@@ -233,6 +235,10 @@ def test_code_answers_rederived_from_the_evidence(fresh):
             assert isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == names[0]
             assert e.answers == [_header_module(e.contexts[e.evidence[0].agent], e.evidence[0].start),
                                  ans + ".py"]
+            header = e.evidence[1]  # the answer is read from the header of the piece that holds the definition
+            assert len(e.evidence) == 2 and header.agent == e.evidence[0].agent and header.end < e.evidence[0].start
+            assert re.fullmatch(rf"# file: {ans}\.py( \(lines \d+-\d+\))?", ev[1]), (e.id, ev[1])
+            assert "# file: " not in e.contexts[header.agent][header.end:e.evidence[0].start]  # its own piece's
             defs = sum(len(re.findall(rf"^\s*(?:def|class) {names[0]}\b", c, re.M)) for c in e.contexts)
             assert defs == 1, e.id  # unambiguous within the episode
         elif kind == "const_default":
@@ -249,7 +255,7 @@ def test_code_answers_rederived_from_the_evidence(fresh):
             assert e.evidence[0].agent != e.evidence[1].agent
         else:
             raise AssertionError(kind)
-        assert e.meta["hops"] == len(e.evidence) - (kind == "return" and len(e.evidence) == 2)
+        assert e.meta["hops"] == len(e.evidence) - (kind in ("return", "which_module") and len(e.evidence) == 2)
 
 
 def test_code_contexts_are_whole_lines_within_bounds(fresh):

@@ -6,7 +6,7 @@ Single-module questions name the module: a parameter's default, a module-level c
 short function returns, a class's base. Cross-module questions do not: which module defines a name, or two
 hops (a parameter defaulting to a module constant; the base of a base class, possibly in another module).
 Answers are the literal source text (plus the value for strings and non-decimal numbers); evidence is the
-whole source line(s) (tests/unit/test_tasks.py re-derives every answer from the evidence text alone). Only
+whole source line(s), and for `which_module` also the `# file:` header line that names the module (tests/unit/test_tasks.py re-derives every answer from the evidence text alone). Only
 source positions and `repr` go into the data (no `ast.unparse`), so the files do not depend on the Python
 version. Names defined more than once (in a module, or anywhere for "which module") are never asked about.
 """
@@ -376,6 +376,9 @@ def _episode(rng: random.Random, idx: int, cand: dict, mods: dict[str, _Module],
         m = mods[mod]
         start = base + m.starts[a - 1] - m.starts[p[1] - 1]
         evidence.append(Span(ag, start, start + len(m.segment(a, b))))
+        if cand["kind"] == "which_module":  # the answer is the module's name: in the piece's header, not its lines
+            head = base - len(_header(mods, p)) - 1
+            evidence.append(Span(ag, head, head + len(_header(mods, p))))
     meta = {"scope": SCOPE[cand["kind"]], "kind": cand["kind"], "hops": cand["hops"],
             "modules": sorted({e[0] for e in cand["evidence"]}), "senders_needed": len(needed),
             "approx_tokens": [round(len(c) / CHARS_PER_TOKEN) for c in contexts]}
