@@ -104,6 +104,19 @@ def cell_lines(folder: Path) -> list[str]:
             split = [bootstrap_ci([acc[p][i] for i in ids if (i in decoy) == d and i in acc[p]]) for d in (False, True)]
             lines.append(f"| {name.get(p, p)} | " + " | ".join(f"{m:.2f} [{lo:.2f}, {hi:.2f}]" for m, lo, hi in split)
                          + " |")
+        recall: dict[str, dict[str, float]] = {}  # selector -> episode -> evidence recall (a later line wins)
+        for line in jsonl_lines((folder / "recall.jsonl").read_text(encoding="utf-8")):
+            r = json.loads(line)
+            for key, v in r["recall"].items():
+                recall.setdefault(key, {})[r["episode"]] = v
+        lines += ["", "Evidence recall at 8× (sentence spans), by whether the notes hold a decoy (another person's "
+                  "value of the asked relation): attention, which finds the relation, keeps less of the evidence "
+                  "there; BM25, which matches the person's name, does not.", "",
+                  "| selector | no decoy | with a decoy |", "|---|---|---|"]
+        for sel in ("cacheback", "cacheback@deep+generic", "bm25", "dense"):
+            got = recall.get(f"{sel}/sentence/8", {})
+            split = [bootstrap_ci([v for i, v in got.items() if (i in decoy) == d]) for d in (False, True)]
+            lines.append(f"| {sel} | " + " | ".join(f"{m:.2f} [{lo:.2f}, {hi:.2f}]" for m, lo, hi in split) + " |")
     return lines + [""]
 
 
