@@ -10,8 +10,9 @@ records, else config.json's `task`: a path or a shipped task name) with each epi
 records.jsonl is rewritten whole; config.json gains a `rescored` entry (when, how many records changed, how
 many of them in accuracy);
 the folder's report must then be regenerated (its benchmark's `--report-only`). `--check` writes nothing
-and exits 1 if any record would change. Folders whose episodes cannot be resolved (translator pair folders)
-are listed as skipped.
+and exits 1 if any record would change. Folders whose episodes cannot be resolved, or none of whose records
+name one of them (translator folders key theirs by `pair`), are listed as skipped. Never rescore a folder a
+run is still writing: the run appends to the file this replaces.
 """
 from __future__ import annotations
 
@@ -57,20 +58,23 @@ def rescore(folder: Path, write: bool) -> tuple[Counter, Counter] | None:
     if episodes is None:
         return None
     path = folder / "records.jsonl"
-    lines, changed, accuracy = [], Counter(), Counter()
+    lines, changed, accuracy, matched = [], Counter(), Counter(), 0
     for line in jsonl_lines(path.read_text(encoding="utf-8")):
         rec = json.loads(line)
         ep = episodes.get(rec.get("episode"))
         if ep is None or "answer" not in rec or rec.get("accuracy") is None or rec.get("error"):
             lines.append(line)  # not an answer record (or a failed one: it scored "" and still does)
             continue
+        matched += 1
         new = answer_scores(rec["answer"], ep.answers, ep.answer_match)
         if not all(same(rec.get(k), new[k]) for k in FIELDS if k in rec):
             changed[rec.get("protocol", "?")] += 1
             accuracy[rec.get("protocol", "?")] += not same(rec["accuracy"], new["accuracy"])
             rec.update({k: new[k] for k in FIELDS if k in rec})
-            line = json.dumps(rec)
+            line = json.dumps(rec, ensure_ascii=False)  # as the runners write them
         lines.append(line)
+    if not matched and lines:  # records keyed otherwise (translator pairs by "pair"): not this script's to score
+        return None
     if write and changed:
         replace_text(path, "".join(f"{ln}\n" for ln in lines))
         cfg_path = folder / "config.json"

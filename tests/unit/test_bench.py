@@ -361,7 +361,8 @@ def test_text_normalisation_splits_hyphens_drops_unicode_punctuation_and_keeps_d
     assert answer_scores("She dances hip-hop.", ["hip hop"])["accuracy"] == 1.0
     assert answer_scores("She plays the “cello”.", ["cello"])["accuracy"] == 1.0
     assert answer_scores("60 million euros", ["6.0 million euros"])["accuracy"] == 0.0  # was a match: "60"
-    assert answer_scores("It is 7341.", ["7341"])["em"] == 0.0 and normalize("It is 7341.") == "it is 7341"
+    assert normalize("It is 3.5.") == "it is 3.5" and normalize("3\x005") != "3.5"  # only a real point survives
+    assert answer_scores("It is 35.", ["3.5"])["accuracy"] == 0.0 and answer_scores("3.5", ["3.5"])["em"] == 1.0
 
 
 def test_code_answers_keep_signs_operators_and_string_literals():
@@ -380,6 +381,16 @@ def test_code_answers_keep_signs_operators_and_string_literals():
     assert answer_scores("It is `{}`.", ["{}"])["accuracy"] == 0.0  # as text, `{}` normalises to nothing
     s = answer_scores("`{}`.", ["{}"], "code")
     assert s["em"] == 1.0 and s["f1"] == 1.0  # wrapping backticks and a final stop are not part of the value
+    # a number or operator standing alone: not a sign, a decimal part or a longer operator away
+    for prediction, gold in [("The answer is -1.", "1"), ("`1.0`", "1"), ("0.1", "1"), ("9.00000000000000004", "9"),
+                             ("The default is 1.0", "0"), ("6.5", "6"), ("a // b", "/"), ("a == b", "="),
+                             ("x <= y", "<"), ("returns n - 1", "-1"), ("n-1", "-1"), ("f(x)-1", "-1")]:
+        assert acc(prediction, [gold]) == 0.0, (prediction, gold)
+    for prediction, gold in [("It is 1.", "1"), ("x = -1", "-1"), ("(-1)", "-1"), ("returns -1", "-1"),
+                             ("is `''`", '""'), ("f(a,'b')", "f(a, 'b')"),
+                             ("(sep or ' ').join(x)", "(sep or ' ').join(x)")]:
+        assert acc(prediction, [gold]) == 1.0, (prediction, gold)  # the same literal, the same tokens
+    assert acc("(sep or '').join(x)", ["(sep or ' ').join(x)"]) == 0.0  # a literal's spaces are its value
     with pytest.raises(ValueError, match="match: want one of text, code"):
         answer_scores("x", ["x"], "regex")
 

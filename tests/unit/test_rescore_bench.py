@@ -48,6 +48,10 @@ def test_a_folder_without_resolvable_episodes_is_skipped(tmp_path, monkeypatch):
     (tmp_path / "records.jsonl").write_text("")
     (tmp_path / "config.json").write_text(json.dumps({"config": {"sharer": "a", "receiver": "b", "task": "pairs"}}))
     assert rescore.rescore(tmp_path, write=True) is None
+    (tmp_path / "config.json").write_text(json.dumps({"config": {"task": "facts"}}))  # resolvable, but records are
+    (tmp_path / "records.jsonl").write_text(json.dumps({"pair": "facts-test-0000", "answer": "x", "accuracy": 0.0})
+                                            + "\n")  # keyed by pair (a translator folder): not scored here
+    assert rescore.rescore(tmp_path, write=True) is None
 
 
 def test_every_committed_record_is_scored_by_the_current_metrics(monkeypatch):

@@ -8,13 +8,13 @@ sequence after normalisation. `strict` requires every part of a multi-part answe
 `accuracy` for single-part answers).
 
 Code answers (`match="code"`: the `code` task's values, operators and literals) keep case and punctuation,
-where SQuAD normalisation would make `-1` equal `1` and `a // b` equal `a / b`; only whitespace is
-normalised (see `code_normalize`).
+where SQuAD normalisation would make `-1` equal `1` and `a // b` equal `a / b`: a gold value matches as its
+tokens in order, whitespace free between them (`_code_pattern`), standing alone (`_edges_ok`: `1` is not
+found in `-1`, `1.0` or `10`, `/` not in `//`), a string literal in either quote style.
 """
 from __future__ import annotations
 
 import math
-import operator
 import random
 import re
 import statistics
@@ -34,44 +34,84 @@ def _drop(c: str) -> bool:
 
 
 def normalize(text: str) -> str:
-    t = _DECIMAL.sub("\0", _DASHES.sub(" ", text.lower()))  # NUL keeps a decimal point through the strip
-    t = "".join(c for c in t if not _drop(c)).replace("\0", ".")
+    pieces = _DECIMAL.split(_DASHES.sub(" ", text.lower()))  # a point between digits survives the strip
+    t = ".".join("".join(c for c in piece if not _drop(c)) for piece in pieces)
     return " ".join(_ARTICLES.sub(" ", t).split())
 
 
-def code_normalize(text: str, squeeze: bool = True) -> str:
-    """Whitespace runs become one space; with `squeeze`, a space beside a non-word character goes too
-    (`f( a , b )` = `f(a,b)`). Case and punctuation stay. Gold that holds a quote is not squeezed: spaces
-    inside a string literal are its value (`" "` is not `""`)."""
-    t = " ".join(text.split())
-    return re.sub(r"(?<=\W) | (?=\W)", "", t) if squeeze else t
-
-
-def _code_forms(prediction: str, alias: str) -> tuple[str, str]:
-    squeeze = not any(q in alias for q in "'\"")
-    return code_normalize(prediction, squeeze), code_normalize(alias, squeeze)
+# Code tokens: identifiers and numbers, string literals whole (their spaces are their value), any other character.
+_CODE_TOKEN = re.compile(r"\w+|'(?:[^'\\\n]|\\.)*'|\"(?:[^\"\\\n]|\\.)*\"|\S")
+_OPS = frozenset("=<>!/*%&|^+-~@")  # a gold operator must not be part of a longer one (`/` in `//`)
 
 
 def _word(c: str) -> bool:
     return c.isalnum() or c == "_"
 
 
-def _bounded(haystack: str, needle: str) -> bool:
-    """`needle` occurs in `haystack` with no word character glued to a word-character end of it (`-1` is
-    not found in `-10`, `Calendar` is found in `calendar.Calendar`)."""
+def _literal(tok: str) -> str:
+    """A string literal matches in either quote style when it needs no escape (`''` = `""`)."""
+    body = tok[1:-1]
+    if "\\" in body or "'" in body or '"' in body:
+        return re.escape(tok)
+    return f"(?:'{re.escape(body)}'|\"{re.escape(body)}\")"
+
+
+def _code_pattern(gold: str) -> str:
+    """A regex for `gold` as code: its tokens in order, whitespace free between them except that two word
+    tokens need some (`a // b` = `a//b`, `f(a,'b')` = `f(a, 'b')`), and none inside a signed number (`-1`)."""
+    toks = _CODE_TOKEN.findall(gold)
+    out = []
+    for k, tok in enumerate(toks):
+        if k:
+            prev = toks[k - 1]
+            signed = k == 1 and prev in "+-" and tok[0].isdigit()
+            out.append("" if signed else r"\s+" if _word(prev[-1]) and _word(tok[0]) else r"\s*")
+        out.append(_literal(tok) if tok[0] in "'\"" and len(tok) > 1 else re.escape(tok))
+    return "".join(out)
+
+
+def _edges_ok(text: str, i: int, j: int, gold: str) -> bool:
+    """Whether text[i:j], a match of `gold`, stands alone: no word character glued to a word end, no sign or
+    decimal part glued to a number (`1` is not in `-1`, `1.0` or `0.1`), no operator glued to an operator
+    (`/` is not in `//`), and a signed number not the right side of a subtraction (`n-1`; `n - 1` does not
+    match at all: a signed number's sign touches its digits)."""
+    before, after = text[i - 1] if i else "", text[j] if j < len(text) else ""
+    g0, g1 = gold[0], gold[-1]
+    if _word(g0) and before and (_word(before) or (g0.isdigit() and (before in "+-" or (
+            before == "." and i > 1 and text[i - 2].isdigit())))):
+        return False
+    if g0 in "+-" and gold[1:2].isdigit():  # a subtraction's right side (`n-1`, `f(x)-1`) is not a signed number
+        if before and (_word(before) or before in ")]}"):
+            return False
+    elif g0 in _OPS and before in _OPS:
+        return False
+    if _word(g1) and after and (_word(after) or (g1.isdigit() and after == "." and text[j + 1:j + 2].isdigit())):
+        return False
+    return not (g1 in _OPS and after in _OPS)
+
+
+def _code_found(text: str, gold: str, whole: bool = False) -> bool:
+    """Whether `gold` occurs in `text` as code (`_code_pattern`, `_edges_ok`); `whole`: as all of it."""
+    pattern = re.compile(_code_pattern(gold))
+    if whole:
+        return pattern.fullmatch(text) is not None
+    return any(_edges_ok(text, m.start(), m.end(), gold) for m in _overlapping(pattern, text))
+
+
+def _overlapping(pattern: re.Pattern, text: str):
     start = 0
-    while (i := haystack.find(needle, start)) >= 0:
-        j = i + len(needle)
-        left = i == 0 or not (_word(needle[0]) and _word(haystack[i - 1]))
-        right = j == len(haystack) or not (_word(needle[-1]) and _word(haystack[j]))
-        if left and right:
-            return True
-        start = i + 1
-    return False
+    while (m := pattern.search(text, start)) is not None:
+        yield m
+        start = m.start() + 1
+
+
+def code_normalize(text: str) -> str:
+    """A code answer's whitespace as one space each run (case and punctuation stay)."""
+    return " ".join(text.split())
 
 
 def _code_tokens(text: str) -> list[str]:
-    return re.findall(r"\w+|[^\w\s`]", text)  # backticks quote code in prose; they are not part of it
+    return [t for t in _CODE_TOKEN.findall(text) if t != "`"]  # backticks quote code in prose; not part of it
 
 
 def _bare(prediction: str) -> str:
@@ -90,8 +130,8 @@ def exact_match(prediction: str, aliases: Sequence[str], match: str = "text") ->
     punctuation or articles) cannot be matched, as in `contains`: an empty answer never scores. Code: the
     prediction's wrapping backticks and a final full stop are dropped first (also for F1)."""
     if match == "code":
-        bare = _bare(prediction)
-        return float(any(scorable(a, "code") and operator.eq(*_code_forms(bare, a)) for a in aliases))
+        bare = code_normalize(_bare(prediction))
+        return float(any(scorable(a, "code") and _code_found(bare, code_normalize(a), whole=True) for a in aliases))
     p = normalize(prediction)
     return float(any(normalize(a) and p == normalize(a) for a in aliases))
 
@@ -116,7 +156,8 @@ def f1(prediction: str, aliases: Sequence[str], match: str = "text") -> float:
 def contains(prediction: str, aliases: Sequence[str], match: str = "text") -> float:
     """1.0 if some normalised alias occurs in the normalised prediction on word boundaries."""
     if match == "code":
-        return float(any(scorable(a, "code") and _bounded(*_code_forms(prediction, a)) for a in aliases))
+        text = code_normalize(prediction)
+        return float(any(scorable(a, "code") and _code_found(text, code_normalize(a)) for a in aliases))
     p = f" {normalize(prediction)} "
     return float(any(normalize(a) and f" {normalize(a)} " in p for a in aliases))
 

@@ -29,7 +29,8 @@ CROSS_ANSWERS = {"allergy": {"fear": {"hornets", "jellyfish", "scorpions"}},
 def _episode(rng: random.Random, idx: int, rel: Relation) -> Episode:
     target, *others = cast(rng, 1 + rng.randint(3, 4))
     pools = {r.name: rng.sample(r.values, len(r.values)) for r in RELATIONS}  # pop() draws a fresh value
-    for other, drop in CROSS_ANSWERS.get(rel.name, {}).items():  # drawn as before: other episodes are unchanged
+    for other, drop in CROSS_ANSWERS.get(rel.name, {}).items():  # drawn as before; a replaced value's other
+        # length can still shift the filler drawn after it, and so later episodes of the same seed
         pools[other] = [v for v in pools[other] if v not in drop]
     counts = [rng.randint(7, 8) for _ in range(SENDERS)]
     gold_agent = rng.randrange(SENDERS)
