@@ -126,5 +126,15 @@ class TaskFormatError(LatentWireError, ValueError):
     """A malformed task file or episode; the message names the file, line and field."""
 
 
+class UnscorableAnswerError(TaskFormatError):
+    """A well-formed episode none of whose aliases for an answer (or a part) could ever be matched: every one
+    normalises to nothing (a dash, "The The"). Dataset loaders skip such records by default and say how many."""
+
+
+class SkippedRecordsWarning(UserWarning):
+    """A dataset loader left out records it could not score (see UnscorableAnswerError); the message counts
+    them and names the first."""
+
+
 class PressUnsupportedError(LatentWireError, ValueError):
     """A kvpress baseline that cannot score this model; the message names the reason."""

@@ -320,3 +320,30 @@ def test_malformed_file(name, tmp_path):
     (tmp_path / "c.json").write_text('[["not", "an", "object"]]')
     with pytest.raises(TaskFormatError, match=r"c\.json\[0\]: record: want a JSON object, got list"):
         load_dataset(name, tmp_path / "c.json", **kw)
+
+
+# (loader, record index, edit making its answer unscorable)
+UNSCORABLE = [
+    ("hotpotqa", 1, _set("The The", "answer")),  # as text: articles dropped, nothing left
+    ("musique", 0, lambda r: r.update(answer="—", answer_aliases=[])),
+    ("fanoutqa", 1, _set("—", "answer")),
+]
+
+
+@pytest.mark.parametrize("name, index, edit", UNSCORABLE, ids=[u[0] for u in UNSCORABLE])
+def test_a_record_that_could_never_score_is_skipped_and_counted_not_the_whole_file(name, index, edit, tmp_path):
+    from latentwire.errors import SkippedRecordsWarning, UnscorableAnswerError
+
+    fixture, kw = DEFAULT_ARGS[name]
+    records = raw(fixture)
+    edit(records[index])
+    bad = dump(records, tmp_path / fixture.name)
+    with pytest.warns(SkippedRecordsWarning, match=rf"skipped 1 of {len(records)} records whose answers could never"):
+        kept = load_dataset(name, bad, **kw)
+    full = load_dataset(name, fixture, **kw)
+    assert [e.to_json() for e in kept] == [e.to_json() for i, e in enumerate(full) if i != index]
+    where = f":{index + 1}: " if fixture.suffix == ".jsonl" else f"[{index}]: "
+    with pytest.raises(UnscorableAnswerError) as err:
+        load_dataset(name, bad, skip_unscorable=False, **kw)
+    assert str(err.value).startswith(f"{bad}{where}episode ") and "no answer could score" in str(err.value)
+    assert isinstance(err.value, TaskFormatError)

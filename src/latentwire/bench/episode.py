@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable, Union
 
-from ..errors import TaskFormatError
+from ..errors import TaskFormatError, UnscorableAnswerError
 from .metrics import MATCHES, scorable
 
 TOPOLOGIES = ("fanin", "chain", "merge")
@@ -46,9 +46,12 @@ class Episode:
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self):
-        problems = validate_fields(self)
+        problems = _shape_problems(self)
         if problems:
             raise TaskFormatError(f"episode {self.id!r}: {problems[0]}")
+        problems = unscorable_answers(self)
+        if problems:
+            raise UnscorableAnswerError(f"episode {self.id!r}: {problems[0]}")
 
     @property
     def multipart(self) -> bool:
@@ -70,7 +73,12 @@ class Episode:
 
 
 def validate_fields(ep: Episode) -> list[str]:
-    """Every problem with an episode, each naming its field (empty list = valid)."""
+    """Every problem with an episode, each naming its field (empty list = valid): its shape, then (for a
+    well-shaped episode) answers that could never score."""
+    return _shape_problems(ep) or unscorable_answers(ep)
+
+
+def _shape_problems(ep: Episode) -> list[str]:
     out = []
     if not isinstance(ep.id, str) or not ep.id:
         out.append("id: want a non-empty string")
@@ -97,12 +105,17 @@ def validate_fields(ep: Episode) -> list[str]:
         out.append("meta: want an object")
     elif ep.answer_match not in MATCHES:
         out.append(f"meta.answer_match: want one of {', '.join(MATCHES)}, got {ep.answer_match!r}")
-    elif not out:  # an answer (or a part) none of whose aliases can ever match could never be scored
-        groups = ep.answers.items() if isinstance(ep.answers, dict) else [("answers", ep.answers)]
-        for name, aliases in groups:
-            if not any(scorable(a, ep.answer_match) for a in aliases):
-                where = "answers" if name == "answers" else f"answers[{name!r}]"
-                out.append(f"{where}: every alias normalises to nothing ({aliases!r}), so no answer could score")
+    return out
+
+
+def unscorable_answers(ep: Episode) -> list[str]:
+    """The answers (or parts) of a well-shaped episode none of whose aliases could ever be matched."""
+    out = []
+    groups = ep.answers.items() if isinstance(ep.answers, dict) else [("answers", ep.answers)]
+    for name, aliases in groups:
+        if not any(scorable(a, ep.answer_match) for a in aliases):
+            where = "answers" if name == "answers" else f"answers[{name!r}]"
+            out.append(f"{where}: every alias normalises to nothing ({aliases!r}), so no answer could score")
     return out
 
 

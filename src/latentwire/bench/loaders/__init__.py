@@ -7,7 +7,9 @@
 
 Every loader is strict: a malformed record raises `TaskFormatError` naming the file, the record
 (`file[3]` = index 3 of a JSON list, `file:3` = line 3 of a JSONL file) and the field
-(`paragraphs[2].paragraph_text: missing`). Loading is deterministic: the same file and options give
+(`paragraphs[2].paragraph_text: missing`). A well-formed record whose answer could never score (every alias
+normalises to nothing) is skipped and counted in one `SkippedRecordsWarning`; `skip_unscorable=False`
+raises `UnscorableAnswerError` instead. Loading is deterministic: the same file and options give
 byte-identical `Episode.to_json()`.
 
 Shared helpers live in `_common.py`.

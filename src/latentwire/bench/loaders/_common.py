@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from ...errors import TaskFormatError, UnknownNameError
+from ...errors import SkippedRecordsWarning, TaskFormatError, UnknownNameError, UnscorableAnswerError
 from ..episode import Episode
 
 _MISSING = object()
@@ -55,7 +56,30 @@ class Record:
         try:
             return Episode(**fields)
         except TaskFormatError as e:
-            raise TaskFormatError(f"{self.where}: {e}") from e
+            raise type(e)(f"{self.where}: {e}") from e
+
+
+def build_episodes(path: str | Path, records: Iterable[Record], build: Callable[[Record], Episode | None], *,
+                   skip_unscorable: bool = True) -> list[Episode]:
+    """`build` over every record, keeping the episodes it returns (None: left out by an option). A record whose
+    answer could never score (UnscorableAnswerError) is skipped and counted in one SkippedRecordsWarning, or
+    raises with `skip_unscorable=False`; every other malformed record raises."""
+    out, skipped, n = [], [], 0
+    for n, rec in enumerate(records, 1):
+        try:
+            ep = build(rec)
+        except UnscorableAnswerError as e:
+            if not skip_unscorable:
+                raise
+            skipped.append(str(e))
+            continue
+        if ep is not None:
+            out.append(ep)
+    if skipped:
+        warnings.warn(SkippedRecordsWarning(
+            f"{path}: skipped {len(skipped)} of {n} records whose answers could never score "
+            f"(skip_unscorable=False raises instead); first: {skipped[0]}"), stacklevel=3)
+    return out
 
 
 def _type_name(value: Any) -> str:

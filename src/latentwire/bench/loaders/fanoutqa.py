@@ -41,7 +41,7 @@ from typing import Any, Iterator
 
 from ...errors import TaskFormatError
 from ..episode import Episode
-from ._common import Record, TextBuilder, UniqueIds, check_n_agents, dedupe, read_json_list
+from ._common import Record, TextBuilder, UniqueIds, build_episodes, check_n_agents, dedupe, read_json_list
 
 TASK = "fanoutqa"
 PAGE_NAMES = ("{pageid}.txt", "{pageid}.md", "{pageid}-dated.md")
@@ -62,7 +62,8 @@ def bundled_dev_path() -> Path:
 
 
 def load_fanoutqa(path: str | Path | None = None, *, pages_dir: str | Path | None = None,
-                  max_agents: int | None = 8, max_chars_per_page: int | None = None) -> list[Episode]:
+                  max_agents: int | None = 8, max_chars_per_page: int | None = None,
+                  skip_unscorable: bool = True) -> list[Episode]:
     """Episodes from a FanOutQA questions JSON (None: the dev set bundled with the `fanoutqa` package) and a
     directory of evidence pages (see the module docstring). `max_agents=None` means one agent per page."""
     if pages_dir is None:
@@ -77,7 +78,9 @@ def load_fanoutqa(path: str | Path | None = None, *, pages_dir: str | Path | Non
         max_chars_per_page = check_n_agents(max_chars_per_page, "max_chars_per_page")
     path = bundled_dev_path() if path is None else path
     ids, cache = UniqueIds(), {}
-    return [_episode(rec, ids, pages_dir, cache, max_agents, max_chars_per_page) for rec in read_json_list(path)]
+    return build_episodes(path, read_json_list(path),
+                          lambda rec: _episode(rec, ids, pages_dir, cache, max_agents, max_chars_per_page),
+                          skip_unscorable=skip_unscorable)
 
 
 def _episode(rec: Record, ids: UniqueIds, pages_dir: Path, cache: dict, max_agents: int | None,

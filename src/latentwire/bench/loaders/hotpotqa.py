@@ -18,12 +18,14 @@ from pathlib import Path
 
 from ...errors import UnknownNameError
 from ..episode import Episode, Span
-from ._common import SPLITS, Record, TextBuilder, UniqueIds, check_n_agents, dedupe, partition, read_json_list
+from ._common import (SPLITS, Record, TextBuilder, UniqueIds, build_episodes, check_n_agents, dedupe, partition,
+                      read_json_list)
 
 TASK = "hotpotqa"
 
 
-def load_hotpotqa(path: str | Path, *, n_agents: int = 2, split: str = "gold_apart") -> list[Episode]:
+def load_hotpotqa(path: str | Path, *, n_agents: int = 2, split: str = "gold_apart",
+                  skip_unscorable: bool = True) -> list[Episode]:
     """Episodes from a HotpotQA distractor-setting JSON file (see the module docstring)."""
     n_agents = check_n_agents(n_agents)
     if split not in SPLITS:
@@ -31,7 +33,8 @@ def load_hotpotqa(path: str | Path, *, n_agents: int = 2, split: str = "gold_apa
     if split == "gold_apart" and n_agents < 2:
         raise ValueError("split 'gold_apart' needs n_agents >= 2; use split='round_robin' for one agent")
     ids = UniqueIds()
-    return [_episode(rec, ids, n_agents, split) for rec in read_json_list(path)]
+    return build_episodes(path, read_json_list(path), lambda rec: _episode(rec, ids, n_agents, split),
+                          skip_unscorable=skip_unscorable)
 
 
 def _episode(rec: Record, ids: UniqueIds, n_agents: int, split: str) -> Episode:

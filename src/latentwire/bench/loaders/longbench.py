@@ -18,18 +18,19 @@ import re
 from pathlib import Path
 
 from ..episode import Episode
-from ._common import Record, UniqueIds, check_n_agents, dedupe, read_json_list
+from ._common import Record, UniqueIds, build_episodes, check_n_agents, dedupe, read_json_list
 
 TASK = "longbench_v2"
 LETTERS = ("A", "B", "C", "D")
 _WS, _RUN = re.compile(r"\s"), re.compile(r"\s*")
 
 
-def load_longbench_v2(path: str | Path, *, n_agents: int = 2) -> list[Episode]:
+def load_longbench_v2(path: str | Path, *, n_agents: int = 2, skip_unscorable: bool = True) -> list[Episode]:
     """Episodes from a LongBench v2 JSON file (see the module docstring)."""
     n_agents = check_n_agents(n_agents)
     ids = UniqueIds()
-    return [_episode(rec, ids, n_agents) for rec in read_json_list(path)]
+    return build_episodes(path, read_json_list(path), lambda rec: _episode(rec, ids, n_agents),
+                          skip_unscorable=skip_unscorable)
 
 
 def _episode(rec: Record, ids: UniqueIds, n_agents: int) -> Episode:

@@ -22,25 +22,23 @@ from pathlib import Path
 
 from ...errors import UnknownNameError
 from ..episode import Episode, Span
-from ._common import SPLITS, Record, TextBuilder, UniqueIds, check_n_agents, dedupe, partition, read_jsonl
+from ._common import (SPLITS, Record, TextBuilder, UniqueIds, build_episodes, check_n_agents, dedupe, partition,
+                      read_jsonl)
 
 TASK = "musique"
 
 
 def load_musique(path: str | Path, *, n_agents: int = 2, split: str = "gold_apart",
-                 include_unanswerable: bool = False) -> list[Episode]:
+                 include_unanswerable: bool = False, skip_unscorable: bool = True) -> list[Episode]:
     """Episodes from a MuSiQue JSONL file (see the module docstring)."""
     n_agents = check_n_agents(n_agents)
     if split not in SPLITS:
         raise UnknownNameError("split", split, SPLITS)
     if split == "gold_apart" and n_agents < 2:
         raise ValueError("split 'gold_apart' needs n_agents >= 2; use split='round_robin' for one agent")
-    ids, out = UniqueIds(), []
-    for rec in read_jsonl(path):
-        ep = _episode(rec, ids, n_agents, split, include_unanswerable)
-        if ep is not None:
-            out.append(ep)
-    return out
+    ids = UniqueIds()
+    return build_episodes(path, read_jsonl(path), lambda rec: _episode(rec, ids, n_agents, split, include_unanswerable),
+                          skip_unscorable=skip_unscorable)
 
 
 def _episode(rec: Record, ids: UniqueIds, n_agents: int, split: str, include_unanswerable: bool) -> Episode | None:
