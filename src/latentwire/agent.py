@@ -17,7 +17,8 @@ from typing import Sequence, Union
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from .errors import ConfigError, ContextOverflowError, StateFormatError, UnknownNameError, UnknownParameterError
+from .errors import (ConfigError, ContextOverflowError, StateFormatError, TokenizerMismatchError, UnknownNameError,
+                     UnknownParameterError)
 from .replies import Answer, CallRecord, Stream  # noqa: F401  (re-exported: part of the agent's API)
 from .message import Rows
 from .models import cache_arg, load, tokenizer_fingerprint
@@ -96,7 +97,21 @@ class Agent:
 
     # -- tokens and embeddings ---------------------------------------------------------------
     def chat_ids(self, chat: Chat, add_generation_prompt: bool = True) -> list[int]:
-        return self.tokenizer(self.chat_text(chat, add_generation_prompt), add_special_tokens=False)["input_ids"]
+        return self.encode(self.chat_text(chat, add_generation_prompt))
+
+    def encode(self, text: str) -> list[int]:
+        """`text`'s token ids (no special tokens added), each checked against the model's embedding table: an id
+        past it is a TokenizerMismatchError here, not an IndexError (or a CUDA device assert) inside the model."""
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        if ids and (top := max(ids)) >= self._vocab_rows:
+            raise TokenizerMismatchError(
+                f"{self.model_name}'s tokenizer gives id {top} ({self.tokenizer.convert_ids_to_tokens(top)!r}) but the "
+                f"model embeds {self._vocab_rows} tokens: that text cannot be read by this model")
+        return ids
+
+    @cached_property
+    def _vocab_rows(self) -> int:
+        return self.model.get_input_embeddings().num_embeddings
 
     def chat_text(self, chat: Chat, add_generation_prompt: bool = True) -> str:
         messages = [{"role": "user", "content": chat}] if isinstance(chat, str) else list(chat)
@@ -393,7 +408,7 @@ class Agent:
 
     def turn_ids(self, user: str) -> list[int]:
         """Token ids of a new user turn after an open assistant turn (`continuation_text`)."""
-        return self.tokenizer(self.continuation_text(user), add_special_tokens=False)["input_ids"]
+        return self.encode(self.continuation_text(user))
 
     def continuation_text(self, question: str) -> str:
         """Template text that closes the open assistant turn a message ends in, then asks `question`.
@@ -422,8 +437,7 @@ class Agent:
         if text.count(SLOT) != 1:
             raise StateFormatError(f"the prompt must hold the message slot exactly once (found {text.count(SLOT)})")
         before, after = text.split(SLOT)
-        tok = self.tokenizer
-        return tok(before, add_special_tokens=False)["input_ids"], tok(after, add_special_tokens=False)["input_ids"]
+        return self.encode(before), self.encode(after)
 
     def _check_rows(self, rows: Rows) -> None:
         rows.check_space(self.geometry.model, self.geometry.tokenizer)
@@ -438,8 +452,8 @@ class Agent:
         ids |= set(eos) if isinstance(eos, (list, tuple)) else {eos}
         for tok in ("<|im_end|>", "<end_of_turn>", "<|endoftext|>"):
             tid = self.tokenizer.convert_tokens_to_ids(tok)
-            if isinstance(tid, int) and tid != self.tokenizer.unk_token_id:
-                ids.add(tid)
+            if isinstance(tid, int) and self.tokenizer.convert_ids_to_tokens(tid) == tok:  # the token itself, even
+                ids.add(tid)  # when it is also the unknown token (SmolLM2's <|endoftext|>); not an unknown's id
         return {i for i in ids if i is not None}
 
     def _decode(self, cache: DynamicCache, start: int, hidden: torch.Tensor, max_new_tokens: int,
