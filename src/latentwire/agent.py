@@ -128,25 +128,25 @@ class Agent:
         """Input embeddings exactly as the model computes them (Gemma's √d scale included)."""
         return self.model.get_input_embeddings()(self.ids(ids))
 
-    @cached_property
     def _input_matrix(self) -> torch.Tensor:  # (V, d): effective input embeddings of every token
+        """A fresh copy (not kept: 0.5-0.7 GB in fp32 for the bundled Qwen and Gemma); its users keep their result."""
         emb = self.model.get_input_embeddings()
         scale = getattr(emb, "embed_scale", None)  # Gemma: √d, a buffer on the model's device
         return emb.weight.detach() * (1.0 if scale is None else scale.to(emb.weight.dtype))
 
     @cached_property
     def mean_embedding_norm(self) -> float:
-        return float(self._input_matrix.norm(dim=-1).mean())
+        return float(self._input_matrix().norm(dim=-1).mean())
 
     @cached_property
     def realign_matrix(self) -> torch.Tensor:
         """LatentMAS W_a: ridge least squares from the output space to the input space, W_out W_a ≈ W_in."""
         w_out = self.model.get_output_embeddings().weight.detach().double()  # (V, d)
-        w_in = self._input_matrix.double()  # (V, d)
+        w_in = self._input_matrix()
         gram = w_out.T @ w_out
         ridge = 1e-5 * gram.diagonal().mean()
         return torch.linalg.solve(gram + ridge * torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device),
-                                  w_out.T @ w_in).to(self._input_matrix.dtype)  # (d, d)
+                                  w_out.T @ w_in.double()).to(w_in.dtype)  # (d, d)
 
     def latent_vector(self, hidden: torch.Tensor, mode: str = "rescale") -> torch.Tensor:
         """Map a last-layer hidden state (d,) to the next input embedding (d,).

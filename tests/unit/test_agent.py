@@ -321,3 +321,13 @@ def test_stop_ids_keep_a_turn_end_that_is_also_the_unknown_token(agent_for, monk
     agent.tokenizer = Vocab()
     monkeypatch.setattr(agent.model.generation_config, "eos_token_id", 2)  # the session's model: restored after
     assert {0, 2} <= agent.stop_ids and 1 not in agent.stop_ids
+
+
+def test_latent_step_constants_do_not_keep_a_copy_of_the_embedding_table(agent_for):
+    """The mean embedding norm and W_a are kept; the (V, d) scaled copy they are computed from is not (0.5-0.7 GB
+    in fp32 for the bundled Qwen and Gemma)."""
+    agent = agent_for("gemma3")
+    V, d = agent.model.get_input_embeddings().weight.shape
+    assert agent.mean_embedding_norm > 0 and agent.realign_matrix.shape == (d, d)
+    kept = [k for k, v in vars(agent).items() if isinstance(v, torch.Tensor) and v.shape == (V, d)]
+    assert kept == []
