@@ -88,7 +88,12 @@ class Agent:
             return DynamicCache(config=self.model.config)
 
     def ids(self, ids) -> torch.Tensor:
-        """Token ids as an int64 tensor on this agent's device."""
+        """Token ids as an int64 tensor on this agent's device, for the model: a list holding an id past the model's
+        embeddings is a TokenizerMismatchError here, not an IndexError (or a CUDA device assert) inside the model."""
+        if isinstance(ids, (list, tuple)) and ids and (top := max(ids)) >= self._vocab_rows:
+            raise TokenizerMismatchError(
+                f"{self.model_name}'s tokenizer gives id {top} ({self.tokenizer.convert_ids_to_tokens(top)!r}) but the "
+                f"model embeds {self._vocab_rows} tokens: that text cannot be read by this model")
         return torch.as_tensor(ids, dtype=torch.int64, device=self.device)
 
     @cached_property
@@ -100,14 +105,9 @@ class Agent:
         return self.encode(self.chat_text(chat, add_generation_prompt))
 
     def encode(self, text: str) -> list[int]:
-        """`text`'s token ids (no special tokens added), each checked against the model's embedding table: an id
-        past it is a TokenizerMismatchError here, not an IndexError (or a CUDA device assert) inside the model."""
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        if ids and (top := max(ids)) >= self._vocab_rows:
-            raise TokenizerMismatchError(
-                f"{self.model_name}'s tokenizer gives id {top} ({self.tokenizer.convert_ids_to_tokens(top)!r}) but the "
-                f"model embeds {self._vocab_rows} tokens: that text cannot be read by this model")
-        return ids
+        """`text`'s token ids, no special tokens added (checked against the model's embeddings when they reach it:
+        `ids`)."""
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     @cached_property
     def _vocab_rows(self) -> int:
