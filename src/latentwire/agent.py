@@ -19,7 +19,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from .errors import (ConfigError, ContextOverflowError, StateFormatError, TokenizerMismatchError, UnknownNameError,
                      UnknownParameterError)
-from .replies import Answer, CallRecord, Stream  # noqa: F401  (re-exported: part of the agent's API)
+from .replies import Answer, CallRecord, Stream, answer_text, turn_starts  # noqa: F401  (Answer...: the agent's API)
 from .message import Rows
 from .models import cache_arg, load, tokenizer_fingerprint
 from .blend import blended_cache, check_blend, recompute_count
@@ -357,7 +357,7 @@ class Agent:
         t2 = self._clock()
         context = n_msg + prompt_tokens + len(out)
         self._record("answer", t0, n_msg + prompt_tokens, len(out), context)
-        return Answer(self.tokenizer.decode(out, skip_special_tokens=True).strip(), tuple(out), prompt_tokens,
+        return Answer(answer_text(self.tokenizer, out, self.turn_marker), tuple(out), prompt_tokens,
                       n_msg, context, t1 - t0, t2 - t1, tuple(m - t1 for m in marks))
 
     @torch.inference_mode()
@@ -456,15 +456,27 @@ class Agent:
                 ids.add(tid)  # when it is also the unknown token (SmolLM2's <|endoftext|>); not an unknown's id
         return {i for i in ids if i is not None}
 
+    def _text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    @cached_property
+    def turn_marker(self) -> str | None:
+        """A templateless model reads a plain transcript (`chat_text`): its answer ends where it starts the next
+        turn ("User:"), which a base model does in place of a stop token. None with a chat template."""
+        return None if self.tokenizer.chat_template else "User:"
+
     def _decode(self, cache: DynamicCache, start: int, hidden: torch.Tensor, max_new_tokens: int,
                 marks: list[float] | None = None) -> list[int]:
-        """Greedy tokens; `marks` (when given) gets the clock at each choice, and at the stop token if one ends it."""
+        """Greedy tokens; `marks` (when given) gets the clock at each choice, and at the stop token if one ends it.
+        A token that completes the transcript's `turn_marker` stops the answer as a stop token does (left out; the
+        marker's first tokens are dropped from the text by `answer_text`)."""
         out: list[int] = []
+        turn = self.turn_marker
         for i in range(max_new_tokens):
             tok = int(self.logits(hidden).argmax())  # int(): the device has finished this step
             if marks is not None:
                 marks.append(time.perf_counter())
-            if tok in self.stop_ids:
+            if tok in self.stop_ids or (turn and turn_starts(self._text(out + [tok]), turn)):
                 break
             out.append(tok)
             if i + 1 < max_new_tokens:

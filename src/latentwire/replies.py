@@ -38,19 +38,40 @@ class Answer:
         """True when a stop token ended the answer (not `max_new_tokens`)."""
         return len(self.token_seconds) == len(self.token_ids) + 1
 
-    def truncated(self, max_new_tokens: int, tokenizer) -> "Answer | None":
+    def truncated(self, max_new_tokens: int, tokenizer, turn: str | None = None) -> "Answer | None":
         """This greedy answer as a decode capped at `max_new_tokens` would have produced it — the same tokens,
         charged the decode time up to the choice that ended it — or None when this decode stopped at its own
-        cap before reaching that one (its continuation is unknown)."""
+        cap before reaching that one (its continuation is unknown). `turn`: as `answer_text`."""
         n = len(self.token_ids)
         if max_new_tokens > n and not self.stopped:
             return None
         k = min(n, max_new_tokens)
         marks = self.token_seconds[:k + 1] if k == n and self.stopped else self.token_seconds[:k]
         ids = self.token_ids[:k]
-        return Answer(tokenizer.decode(list(ids), skip_special_tokens=True).strip(), ids, self.prompt_tokens,
+        return Answer(answer_text(tokenizer, ids, turn), ids, self.prompt_tokens,
                       self.message_rows, self.context - n + k, self.prefill_seconds, marks[-1] if marks else 0.0,
                       marks)  # a cap of 0 chooses nothing: no decode time
+
+
+def turn_starts(text: str, turn: str) -> bool:
+    """Whether decoded `text` has begun a new `turn` of a plain transcript (`Agent.turn_marker`, e.g. "User:"): the
+    marker at the start of a line, or as the answer's first word."""
+    return f"\n{turn}" in text or text.lstrip().startswith(turn)
+
+
+def answer_text(tokenizer, ids, turn: str | None = None) -> str:
+    """The text of answer tokens `ids` (special tokens skipped, stripped). With `turn` (a templateless model's
+    transcript marker, "User:"), a decode stopped as the marker completed still holds the marker's first tokens
+    ("Lisbon\n\nUser" before the ":" that stopped it): a last line that is the start of the marker is dropped
+    (as is an answer that is only its first word), so the answer reads "Lisbon"."""
+    text = tokenizer.decode(list(ids), skip_special_tokens=True)
+    if turn:
+        head, newline, last = text.rpartition("\n")
+        if newline and last.strip() and turn.startswith(last.strip()):
+            text = head
+        elif text.strip() == turn.rstrip(":"):
+            text = ""
+    return text.strip()
 
 
 @dataclass

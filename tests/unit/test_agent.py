@@ -332,3 +332,33 @@ def test_latent_step_constants_do_not_keep_a_copy_of_the_embedding_table(agent_f
     assert agent.mean_embedding_norm > 0 and agent.realign_matrix.shape == (d, d)
     kept = [k for k, v in vars(agent).items() if isinstance(v, torch.Tensor) and v.shape == (V, d)]
     assert kept == []
+
+
+def test_a_templateless_model_stops_where_it_starts_the_next_turn(agent_for, monkeypatch):
+    """A base model reading the plain transcript writes "Lisbon", then "\\n\\nUser: ..." in place of a stop token: the
+    token completing "User:" stops it (left out, as a stop token is) and the marker's start is dropped from the
+    text. A decode capped anywhere reads as the shared long decode truncated there. With a chat template nothing
+    changes."""
+    agent = agent_for("llama")
+    script = agent.tokenizer("Lisbon\n\nUser: And where", add_special_tokens=False)["input_ids"]
+    V = agent.logits(torch.zeros(agent.geometry.hidden_size, device=agent.device)).shape[-1]
+    calls = []
+
+    def scripted(hidden):  # the next scripted token, whatever the hidden state
+        calls.append(1)
+        return torch.nn.functional.one_hot(torch.tensor(script[len(calls) - 1]), V).float()
+
+    monkeypatch.setattr(agent, "logits", scripted)
+    with_template = agent.answer("Where?", max_new_tokens=len(script))
+    assert with_template.text == "Lisbon\n\nUser: And where" and not with_template.stopped
+    base = agent_for("llama")
+    monkeypatch.setattr(base.tokenizer, "chat_template", None)  # the session's tokenizer: restored after
+    monkeypatch.setattr(base, "logits", scripted)
+    calls.clear()
+    full = base.answer("Where?", max_new_tokens=len(script))
+    colon = script.index(base.tokenizer.convert_tokens_to_ids(":"))
+    assert full.text == "Lisbon" and full.stopped and list(full.token_ids) == script[:colon]
+    for cap in range(1, colon + 2):
+        calls.clear()
+        capped = base.answer("Where?", max_new_tokens=cap)
+        assert full.truncated(cap, base.tokenizer, base.turn_marker).text == capped.text, cap

@@ -304,7 +304,7 @@ def _capped(sender: Agent, key: tuple, decode, max_new_tokens: int) -> Report:
         full = memo[key]
         sender.check_window(prompt=full.message_rows + full.prompt_tokens,  # as the decode itself would
                             max_new_tokens=max_new_tokens)
-        served = full.truncated(max_new_tokens, sender.tokenizer)
+        served = full.truncated(max_new_tokens, sender.tokenizer, sender.turn_marker)
         if served is not None:
             return Report(served, True)
     ans = decode(max_new_tokens)
