@@ -11,7 +11,7 @@ CURRENT_STAMP := $(CURRENT)/.installed
 # (tracked files for edits, their folders for files added or deleted).
 SOURCES := $(shell git ls-files src 2>/dev/null) $(shell find src -type d -not -path '*__pycache__*' -not -path '*.egg-info*')
 
-.PHONY: demo test test-full test-unit test-current install models bench-models clean
+.PHONY: demo test test-full test-unit test-current install bench-models clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
