@@ -83,3 +83,30 @@ def test_agents_with_another_vocabulary_are_refused(agent, models, tokenizer):
     stranger = Agent(models["gemma3"], tok, model_name="other")
     with pytest.raises(GeometryMismatchError, match="tokenizer"):
         PackLLM().run([agent, stranger], DOCS, agent, QUESTION)
+
+
+def test_a_templateless_model_stops_fused_decoding_at_its_next_turn(models, tokenizer, monkeypatch):
+    """As Agent's decode: the fused token completing "User:" stops PackLLM's decode, and the text drops the marker's
+    start; with a chat template the same tokens run on."""
+    script_text = "Lisbon\n\nUser: And where"
+    ids = tokenizer(script_text, add_special_tokens=False)["input_ids"]
+
+    def run(template: bool) -> str:
+        agent = Agent(models["llama"], tokenizer, "llama")
+        if not template:
+            monkeypatch.setattr(agent.tokenizer, "chat_template", None)  # the session's tokenizer: restored after
+        real, step = agent.logits, []
+
+        def scripted(hidden):  # prompt rows score as the model does; each decode step gives the next scripted id
+            if hidden.dim() == 2:
+                return real(hidden)
+            step.append(1)
+            return torch.nn.functional.one_hot(torch.tensor(ids[len(step) - 1]), real(hidden).shape[-1]).float() * 50
+
+        monkeypatch.setattr(agent, "logits", scripted)
+        out = PackLLM(max_new_tokens=len(ids)).run([agent], ["Ana leads Orion in Lisbon."], agent, "Where?")
+        monkeypatch.undo()
+        return out.answer
+
+    assert run(template=True) == script_text
+    assert run(template=False) == "Lisbon"

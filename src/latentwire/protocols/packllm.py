@@ -19,6 +19,7 @@ from typing import Sequence
 import torch
 
 from ..agent import Agent
+from ..replies import answer_text, turn_starts
 from ..errors import ConfigError, GeometryMismatchError, UnknownNameError
 from .base import Outcome, Protocol, register
 
@@ -71,18 +72,20 @@ class PackLLM(Protocol):
             seconds.append(time.perf_counter() - t)
         w = self.weights(nll)
         t1 = time.perf_counter()
-        stop, out, device = pairs[0][0].stop_ids, [], streams[0].logprobs.device
+        first = pairs[0][0]
+        stop, turn, out, device = first.stop_ids, first.turn_marker, [], streams[0].logprobs.device
         for i in range(self.max_new_tokens):
             fused = sum(float(wi) * s.logprobs.to(device) for wi, s in zip(w.tolist(), streams))  # (V,)
             tok = int(fused.argmax())
-            if tok in stop:
+            if tok in stop or (turn and turn_starts(first.tokenizer.decode(out + [tok], skip_special_tokens=True),
+                                                    turn)):  # a templateless model starting the next turn: as Agent
                 break
             out.append(tok)
             if i + 1 < self.max_new_tokens:
                 for s in streams:
                     s.push(tok)
         decode = time.perf_counter() - t1
-        text = pairs[0][0].tokenizer.decode(out, skip_special_tokens=True).strip()
+        text = answer_text(first.tokenizer, out, turn)
         context = max(s.position for s in streams)
         # Every agent reads in parallel, then all decode in lockstep: the slowest read, then the decode.
         return Outcome(self.name, text, 0, context, tuple(seconds), decode,
