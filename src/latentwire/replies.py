@@ -35,7 +35,8 @@ class Answer:
 
     @property
     def stopped(self) -> bool:
-        """True when a stop token ended the answer (not `max_new_tokens`)."""
+        """True when a stop token (or a templateless model's next-turn marker, `Agent.turn_marker`) ended the answer,
+        not `max_new_tokens`."""
         return len(self.token_seconds) == len(self.token_ids) + 1
 
     def truncated(self, max_new_tokens: int, tokenizer, turn: str | None = None) -> "Answer | None":

@@ -72,7 +72,9 @@ def _gemma_tokenizer(fields, broken):
     Piece types (GGUF `tokenizer.ggml.token_type`): control pieces (<bos>, <end_of_turn>, ...) are special
     tokens, left out of decoded text; user-defined pieces (runs of newlines or tabs, HTML tags such as <b>)
     are matched whole wherever they occur, as SentencePiece does ("\n\n" is one token, not two), and kept in
-    decoded text; byte pieces (<0xF0>) are reached by byte fallback and decode to their characters.
+    decoded text; byte pieces (<0xF0>) are reached by byte fallback and decode to their characters. Not yet:
+    the user-defined runs of spaces ("▁▁", ids 138-168) are compared with the raw text, where spaces are not
+    yet "▁", so indentation still tokenises one "▁" at a time (as in conversion 3).
     """
     import numpy as np
     from tokenizers import AddedToken
