@@ -19,7 +19,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from .errors import (ConfigError, ContextOverflowError, StateFormatError, TokenizerMismatchError, UnknownNameError,
                      UnknownParameterError)
-from .replies import Answer, CallRecord, Stream, answer_text, turn_starts  # noqa: F401  (Answer...: the agent's API)
+from .replies import Answer, CallRecord, Stream, answer_text, turn_begun  # noqa: F401  (Answer...: the agent's API)
 from .message import Rows
 from .models import cache_arg, load, tokenizer_fingerprint
 from .blend import blended_cache, check_blend, recompute_count
@@ -90,6 +90,9 @@ class Agent:
     def ids(self, ids) -> torch.Tensor:
         """Token ids as an int64 tensor on this agent's device, for the model: a list holding an id past the model's
         embeddings is a TokenizerMismatchError here, not an IndexError (or a CUDA device assert) inside the model."""
+        if isinstance(ids, (list, tuple)) and ids and (low := min(ids)) < 0:
+            raise TokenizerMismatchError(f"token id {low} is negative: {self.model_name} embeds ids 0 to "
+                                         f"{self._vocab_rows - 1}")
         if isinstance(ids, (list, tuple)) and ids and (top := max(ids)) >= self._vocab_rows:
             raise TokenizerMismatchError(
                 f"{self.model_name}'s tokenizer gives id {top} ({self.tokenizer.convert_ids_to_tokens(top)!r}) but the "
@@ -353,12 +356,13 @@ class Agent:
         hidden = self._forward(cache, start, **inputs)
         t1 = self._clock()
         marks: list[float] = []
-        out = self._decode(cache, start + hidden.shape[0], hidden[-1], max_new_tokens, marks)
+        out, turn_ended = self._decode(cache, start + hidden.shape[0], hidden[-1], max_new_tokens, marks)
         t2 = self._clock()
         context = n_msg + prompt_tokens + len(out)
         self._record("answer", t0, n_msg + prompt_tokens, len(out), context)
-        return Answer(answer_text(self.tokenizer, out, self.turn_marker), tuple(out), prompt_tokens,
-                      n_msg, context, t1 - t0, t2 - t1, tuple(m - t1 for m in marks))
+        by_token = len(marks) == len(out) + 1 and not turn_ended  # a stop token ended it: its last line is kept
+        return Answer(answer_text(self.tokenizer, out, None if by_token else self.turn_marker), tuple(out),
+                      prompt_tokens, n_msg, context, t1 - t0, t2 - t1, tuple(m - t1 for m in marks), turn_ended)
 
     @torch.inference_mode()
     def stream(self, prompt: Chat, max_new_tokens: int = 48, chunk: int = 256) -> Stream:
@@ -456,9 +460,6 @@ class Agent:
                 ids.add(tid)  # when it is also the unknown token (SmolLM2's <|endoftext|>); not an unknown's id
         return {i for i in ids if i is not None}
 
-    def _text(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
-
     @cached_property
     def turn_marker(self) -> str | None:
         """A templateless model reads a plain transcript (`chat_text`): its answer ends where it starts the next
@@ -466,19 +467,22 @@ class Agent:
         return None if self.tokenizer.chat_template else "User:"
 
     def _decode(self, cache: DynamicCache, start: int, hidden: torch.Tensor, max_new_tokens: int,
-                marks: list[float] | None = None) -> list[int]:
-        """Greedy tokens; `marks` (when given) gets the clock at each choice, and at the stop token if one ends it.
-        A token that completes the transcript's `turn_marker` stops the answer as a stop token does (left out; the
-        marker's first tokens are dropped from the text by `answer_text`)."""
+                marks: list[float] | None = None) -> tuple[list[int], bool]:
+        """Greedy tokens, and whether the next turn's marker ended them; `marks` (when given) gets the clock at each
+        choice, and at the stop token if one ends it. A token that completes the transcript's `turn_marker` stops the
+        answer as a stop token does (left out; the marker's first tokens are dropped from the text by
+        `answer_text`)."""
         out: list[int] = []
         turn = self.turn_marker
         for i in range(max_new_tokens):
             tok = int(self.logits(hidden).argmax())  # int(): the device has finished this step
             if marks is not None:
                 marks.append(time.perf_counter())
-            if tok in self.stop_ids or (turn and turn_starts(self._text(out + [tok]), turn)):
-                break
+            if tok in self.stop_ids:
+                return out, False
+            if turn and turn_begun(self.tokenizer, out + [tok], turn):
+                return out, True
             out.append(tok)
             if i + 1 < max_new_tokens:
                 hidden = self._forward(cache, start + i, ids=self.ids([tok]))[-1]
-        return out
+        return out, False

@@ -28,6 +28,7 @@ class Answer:
     decode_seconds: float
     # seconds into the decode when each token was chosen, then (if a stop token ended it) when the stop was
     token_seconds: tuple[float, ...] = ()
+    turn_ended: bool = False  # what stopped it was a templateless model beginning the next turn (`turn_begun`)
 
     @property
     def seconds(self) -> float:
@@ -47,11 +48,16 @@ class Answer:
         if max_new_tokens > n and not self.stopped:
             return None
         k = min(n, max_new_tokens)
-        marks = self.token_seconds[:k + 1] if k == n and self.stopped else self.token_seconds[:k]
+        stopped = k == n and self.stopped
+        marks = self.token_seconds[:k + 1] if stopped else self.token_seconds[:k]
         ids = self.token_ids[:k]
-        return Answer(answer_text(tokenizer, ids, turn), ids, self.prompt_tokens,
+        by_token = stopped and not self.turn_ended
+        return Answer(answer_text(tokenizer, ids, None if by_token else turn), ids, self.prompt_tokens,
                       self.message_rows, self.context - n + k, self.prefill_seconds, marks[-1] if marks else 0.0,
-                      marks)  # a cap of 0 chooses nothing: no decode time
+                      marks, stopped and self.turn_ended)  # a cap of 0 chooses nothing: no decode time
+
+
+TURN_TAIL = 16  # tokens: a marker completed by the newest token lies within the last few
 
 
 def turn_starts(text: str, turn: str) -> bool:
@@ -60,11 +66,22 @@ def turn_starts(text: str, turn: str) -> bool:
     return f"\n{turn}" in text or text.lstrip().startswith(turn)
 
 
+def turn_begun(tokenizer, ids: list[int], turn: str) -> bool:
+    """`turn_starts` for a greedy decode checked after each token (`ids`, the newest last): a marker that was not
+    there a token ago ends within the newest token, so past the first TURN_TAIL tokens only the tail is decoded
+    (decoding the whole answer at every step would be quadratic in its length)."""
+    if len(ids) <= TURN_TAIL:
+        return turn_starts(tokenizer.decode(ids, skip_special_tokens=True), turn)
+    return f"\n{turn}" in tokenizer.decode(ids[-TURN_TAIL:], skip_special_tokens=True)
+
+
 def answer_text(tokenizer, ids, turn: str | None = None) -> str:
     """The text of answer tokens `ids` (special tokens skipped, stripped). With `turn` (a templateless model's
     transcript marker, "User:"), a decode stopped as the marker completed still holds the marker's first tokens
     ("Lisbon\n\nUser" before the ":" that stopped it): a last line that is the start of the marker is dropped
-    (as is an answer that is only its first word), so the answer reads "Lisbon"."""
+    (as is an answer that is only its first word), so the answer reads "Lisbon". Callers pass `turn` for a decode
+    the marker stopped or its cap cut (a cut "\n\nUs" most likely began the marker), not for one a stop token
+    ended: its last line "U" is the model's answer."""
     text = tokenizer.decode(list(ids), skip_special_tokens=True)
     if turn:
         head, newline, last = text.rpartition("\n")

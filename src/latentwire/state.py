@@ -244,13 +244,12 @@ class KVState:
         """Place states one after another (each keeps its internal spacing), keys re-rotated exactly."""
         if not states:
             raise ValueError("concat needs at least one state")
-        kind = states[0].layers[0].keys
+        kind = states[0]  # a state's tensors share one dtype and one device (checked when it is built)
         for s in states[1:]:
-            states[0].geometry.check_same(s.geometry)
-            other = s.layers[0].keys
-            if (other.dtype, other.device) != (kind.dtype, kind.device):  # torch.cat would widen or fail untyped
-                raise StateFormatError(f"concat: states in {kind.dtype} on {kind.device} and {other.dtype} on "
-                                       f"{other.device}; convert with .to(device, dtype) first")
+            kind.geometry.check_same(s.geometry)
+            if (s.dtype, s.device) != (kind.dtype, kind.device):  # torch.cat would widen or fail untyped
+                raise StateFormatError(f"concat: states in {kind.dtype} on {kind.device} and {s.dtype} on "
+                                       f"{s.device}; convert with .to(device, dtype) first")
         placed, offset = [], 0
         for s in states:
             if len(s) == 0:

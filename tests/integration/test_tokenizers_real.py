@@ -24,7 +24,7 @@ def test_bos_follows_the_gguf(name):
     assert tok.decode(plain) == "The code is 7341."
 
 
-ROUND_TRIP = "Price: 5€ 🫨 ok <b>bold</b> 𝔘\n\n\tdef f():\n\t\treturn 1\n\n\n"
+ROUND_TRIP = "Price: 5€ 🫨 ok <b>bold</b> 𝔘\n\n\tdef f():\n\t\treturn 1\n\n\n    x  =  2   # three \n"
 
 
 @pytest.mark.parametrize("name", list(ZOO))
@@ -47,3 +47,14 @@ def test_gemma_matches_user_defined_pieces_whole_as_sentencepiece_does():
     assert tok("a\nb", add_special_tokens=False)["input_ids"] == [a, 107, b]
     assert {"<start_of_turn>", "<end_of_turn>"} <= set(tok.all_special_tokens)
     assert "<b>" not in tok.all_special_tokens and "<0xF0>" not in tok.all_special_tokens
+
+
+def test_gemma_reads_indentation_as_one_piece():
+    """Runs of spaces are user-defined pieces too ("▁▁" to 31 of them): an indented line starts with one piece for
+    its indentation, then the word without a leading "▁", as SentencePiece and llama.cpp tokenise it (conversions
+    3 and 4 gave one "▁" per space: an 8-space indent was 8 tokens the model never saw in a row)."""
+    build_cache("gemma3-270m")
+    tok = zoo._tokenizer(get_zoo_model("gemma3-270m").cache_dir, True, True)
+    pieces = lambda text: tok.convert_ids_to_tokens(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    assert pieces("        return x") == ["▁" * 8, "return", "▁x"]
+    assert pieces("a  b") == ["a", "▁▁", "b"] and pieces("a b") == ["a", "▁b"]  # one space: the word's own

@@ -303,6 +303,8 @@ def test_a_token_id_past_the_models_embeddings_is_a_typed_error(agent_for):
             read()
     agent._vocab_rows = max(ids) + 1
     assert len(agent.prefill("Read this.")) == len(ids)
+    with pytest.raises(TokenizerMismatchError, match=r"token id -1 is negative"):  # not the last row, silently
+        agent.ids([*ids[:2], -1])
 
 
 def test_stop_ids_keep_a_turn_end_that_is_also_the_unknown_token(agent_for, monkeypatch):
@@ -362,3 +364,43 @@ def test_a_templateless_model_stops_where_it_starts_the_next_turn(agent_for, mon
         calls.clear()
         capped = base.answer("Where?", max_new_tokens=cap)
         assert full.truncated(cap, base.tokenizer, base.turn_marker).text == capped.text, cap
+    assert full.turn_ended and capped.turn_ended  # the cap past the colon: the marker stopped it too
+
+
+def test_a_turn_marker_is_found_past_the_decoded_tail_and_a_stop_token_keeps_a_last_line_like_it(agent_for,
+                                                                                                   monkeypatch):
+    """The marker is looked for in the last few tokens only (not the whole answer at every step): one that begins
+    after a long answer still stops it. An answer a stop token ends keeps a last line that reads like the marker's
+    start ("U" is the model's answer, not half of "User:")."""
+    from latentwire.replies import TURN_TAIL
+
+    base = agent_for("llama")
+    monkeypatch.setattr(base.tokenizer, "chat_template", None)
+    words = " ".join(["alpha"] * (2 * TURN_TAIL))
+    V = base.logits(torch.zeros(base.geometry.hidden_size, device=base.device)).shape[-1]
+
+    def run(script, cap):
+        calls = []
+
+        def scripted(hidden):
+            calls.append(1)
+            return torch.nn.functional.one_hot(torch.tensor(script[len(calls) - 1]), V).float()
+
+        monkeypatch.setattr(base, "logits", scripted)
+        return base.answer("Which?", max_new_tokens=cap)
+
+    long = base.tokenizer(words + "\n\nUser: next", add_special_tokens=False)["input_ids"]
+    assert len(long) > 2 * TURN_TAIL
+    out = run(long, len(long))
+    assert out.text == words and out.turn_ended and out.stopped
+    stop = next(iter(base.stop_ids))
+    letter = base.tokenizer("The letter is:\nU", add_special_tokens=False)["input_ids"]
+    out = run([*letter, stop], len(letter) + 1)
+    assert out.text == "The letter is:\nU" and out.stopped and not out.turn_ended
+    assert out.truncated(len(letter), base.tokenizer, base.turn_marker).text == "The letter is:\nU"
+    longer = base.tokenizer("The letter is:\nU and V", add_special_tokens=False)["input_ids"]
+    assert longer[:len(letter)] == letter
+    out = run([*longer, stop], len(longer) + 1)
+    assert out.truncated(len(letter), base.tokenizer, base.turn_marker).text == "The letter is:"  # a cut "U": the
+    # decode capped there reads the same (its continuation unknown, a cut marker is the likelier reading)
+    assert run([*longer, stop], len(letter)).text == "The letter is:"

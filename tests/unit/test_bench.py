@@ -8,7 +8,7 @@ import pytest
 from latentwire.agent import Agent
 from latentwire.bench.episode import Episode, Span, load_episodes, span_token_positions, write_episodes
 from latentwire.bench.metrics import answer_scores, bootstrap_ci, evidence_recall, normalize
-from latentwire.bench.report import pareto_front, write_report
+from latentwire.bench.report import pareto_front, read_run, write_report
 from latentwire.bench.runner import RunConfig, parse_protocols, run
 from latentwire.errors import ConfigError, LatentWireError, TaskFormatError
 from latentwire.models import tiny_model, tiny_tokenizer
@@ -226,6 +226,13 @@ def test_one_run_per_folder_and_files_written_whole(tiny_task, tmp_path, monkeyp
     rec.write_text(text + line + "\n")  # line separators inside a string: one record, kept whole
     folder.drop_cut_lines(rec)
     assert rec.read_text() == text + line + "\n" and ("e9", "x") in folder.finished(rec, "episode")
+    rec.write_text("[1, 2]\n" + text + line + "\n")  # JSON but not a record, mid-file: refused, not a TypeError
+    with pytest.raises(ConfigError, match="line 1 is not a JSON record"):
+        folder.drop_cut_lines(rec)
+    assert ("e9", "x") in folder.finished(rec, "episode")  # reads past it
+    with pytest.raises(LatentWireError, match="line 1 is not a record"):
+        read_run(out)
+    rec.write_text(text + line + "\n")
     writes = []
     real = folder.os.replace
     monkeypatch.setattr(folder.os, "replace", lambda a, b: (writes.append(Path(b).name), real(a, b))[1])

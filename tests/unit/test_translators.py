@@ -188,12 +188,16 @@ def test_train_config_is_validated():
         TrainConfig("xkv", "a", "b", tasks=("code",))
 
 
-def test_state_cache_reads_back_what_it_wrote_and_respects_its_limit(tmp_path, agent_for):
+def test_state_cache_reads_back_what_it_wrote_and_respects_its_limit(tmp_path, agent_for, caplog):
     agent = agent_for("gemma3")
-    cache = StateCache(tmp_path / "a", limit_mb=64)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / f"{'0' * 64}.kv").write_bytes(b"x" * 2**20)  # an earlier format's file: named, not counted
+    with caplog.at_level("WARNING", logger="latentwire.training.states"):
+        cache = StateCache(tmp_path / "a", limit_mb=64)
+    assert cache.used == 0 and "1 state files (1.0 MiB) of an earlier cache format" in caplog.text
     first = cache.get(agent, "Read this.")
     again = cache.get(agent, "Read this.")
-    assert (cache.hits, cache.misses) == (1, 1) and len(list((tmp_path / "a").glob("*.kv"))) == 1
+    assert (cache.hits, cache.misses) == (1, 1) and len(list((tmp_path / "a").glob("v2-*.kv"))) == 1
     assert _same(first, again) and first.dtype == torch.float32  # bf16 on disk, the same values either way
     fresh = agent.prefill("Read this.")
     assert max(float((a.keys - b.keys).abs().max()) for a, b in zip(first.layers, fresh.layers)) < 0.05
@@ -203,7 +207,7 @@ def test_state_cache_reads_back_what_it_wrote_and_respects_its_limit(tmp_path, a
     assert full.misses == 2 and not list((tmp_path / "b").glob("*.kv"))
     with pytest.raises(GeometryMismatchError):  # a file under another model's key is never trusted
         llama = agent_for("llama")
-        (tmp_path / "a" / next((tmp_path / "a").glob("*.kv")).name).rename(cache._path(llama, llama.chat_ids("x")))
+        (tmp_path / "a" / next((tmp_path / "a").glob("v2-*.kv")).name).rename(cache._path(llama, llama.chat_ids("x")))
         cache.get(llama, "x")
 
 

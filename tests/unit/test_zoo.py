@@ -71,10 +71,14 @@ def test_cache_marker_version_gates_reuse(tmp_path, monkeypatch):
     entry = ZOO["smollm2-135m"]
     assert not entry.cached
     entry.cache_dir.mkdir(parents=True)
-    (entry.cache_dir / zoo._MARKER).write_text(json.dumps({"version": zoo._CACHE_VERSION - 1}))
+    (entry.cache_dir / zoo._MARKER).write_text(json.dumps({"version": zoo.cache_version("llama") - 1}))
     assert not entry.cached  # an older conversion is rebuilt, never silently reused
-    (entry.cache_dir / zoo._MARKER).write_text(json.dumps({"version": zoo._CACHE_VERSION}))
+    (entry.cache_dir / zoo._MARKER).write_text(json.dumps({"version": zoo.cache_version("llama")}))
     assert entry.cached
+    gemma = ZOO["gemma3-270m"]  # a change to one architecture's conversion rebuilds only its caches
+    gemma.cache_dir.mkdir(parents=True)
+    (gemma.cache_dir / zoo._MARKER).write_text(json.dumps({"version": zoo.cache_version("llama")}))
+    assert zoo.cache_version("gemma3") > zoo.cache_version("llama") and not gemma.cached and entry.cached
 
 
 def test_models_command_lists_geometry(capsys, monkeypatch, tmp_path):
@@ -164,11 +168,11 @@ def test_cache_marker_records_the_gguf_hash(tmp_path, monkeypatch):
     entry = ZOO["smollm2-135m"]
     entry.cache_dir.mkdir(parents=True)
     marker = entry.cache_dir / zoo._MARKER
-    marker.write_text(json.dumps({"version": zoo._CACHE_VERSION}))
+    marker.write_text(json.dumps({"version": zoo.cache_version("llama")}))
     assert entry.cached  # a cache built before hashes were recorded stays valid
-    marker.write_text(json.dumps({"version": zoo._CACHE_VERSION, "gguf_sha256": entry.gguf_sha256}))
+    marker.write_text(json.dumps({"version": zoo.cache_version("llama"), "gguf_sha256": entry.gguf_sha256}))
     assert entry.cached
-    marker.write_text(json.dumps({"version": zoo._CACHE_VERSION, "gguf_sha256": "0" * 64}))
+    marker.write_text(json.dumps({"version": zoo.cache_version("llama"), "gguf_sha256": "0" * 64}))
     assert not entry.cached  # built from another file: rebuilt
 
 

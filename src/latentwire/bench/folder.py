@@ -225,8 +225,10 @@ def finished(rec_path: Path, key: str) -> set[tuple[str, str]]:
 
 
 def parse_line(line: str) -> dict | None:
-    """One JSONL line's object, or None for a line that does not parse (cut short by a crash or still being written)."""
+    """One JSONL line's object, or None for a line that does not parse (cut short by a crash or still being written)
+    or holds JSON that is not an object (`3`, `[..]`, `null`: not a record either)."""
     try:
-        return json.loads(line)
+        obj = json.loads(line)
     except json.JSONDecodeError:
         return None
+    return obj if isinstance(obj, dict) else None

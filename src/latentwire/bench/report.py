@@ -46,6 +46,8 @@ def read_run(run_dir: str | Path) -> tuple[dict, list[dict]]:
         records = [json.loads(line) for line in lines]
     except (OSError, json.JSONDecodeError) as e:
         raise LatentWireError(f"{run_dir} is not a readable run folder ({e})") from e
+    if (bad := next((n for n, r in enumerate(records, 1) if not isinstance(r, dict)), None)) is not None:
+        raise LatentWireError(f"{run_dir} is not a readable run folder (records.jsonl line {bad} is not a record)")
     for r in records:
         r["sender_max"] = max(r["sender_seconds"], default=0.0) if r.get("error") is None else None
     return config, records

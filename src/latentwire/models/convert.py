@@ -13,7 +13,15 @@ import torch
 from ..errors import ModelConversionError
 
 MARKER = "latentwire-cache.json"
-CACHE_VERSION = 4  # bump when the conversion changes: older caches are rebuilt (4: Gemma's user-defined pieces)
+CACHE_VERSION = 4  # bump when every conversion changes: older caches are rebuilt (4: Gemma's user-defined pieces)
+ARCH_VERSIONS = {"gemma3": 5}  # one architecture's conversion changed alone (gemma3 5: its runs of spaces); a
+# global bump must exceed every entry here
+
+
+def cache_version(arch: str) -> int:
+    """The conversion version a cache of this architecture must carry (only that architecture's caches rebuild
+    when its conversion changes)."""
+    return max(CACHE_VERSION, ARCH_VERSIONS.get(arch, CACHE_VERSION))
 
 
 def dequantise(entry, dtype: torch.dtype = torch.float32):
@@ -72,9 +80,10 @@ def _gemma_tokenizer(fields, broken):
     Piece types (GGUF `tokenizer.ggml.token_type`): control pieces (<bos>, <end_of_turn>, ...) are special
     tokens, left out of decoded text; user-defined pieces (runs of newlines or tabs, HTML tags such as <b>)
     are matched whole wherever they occur, as SentencePiece does ("\n\n" is one token, not two), and kept in
-    decoded text; byte pieces (<0xF0>) are reached by byte fallback and decode to their characters. Not yet:
-    the user-defined runs of spaces ("▁▁", ids 138-168) are compared with the raw text, where spaces are not
-    yet "▁", so indentation still tokenises one "▁" at a time (as in conversion 3).
+    decoded text; byte pieces (<0xF0>) are reached by byte fallback and decode to their characters. The runs of
+    spaces ("▁▁" to 31 of them, ids 138-168) are matched in the normalised text, where a space is already "▁",
+    so indentation is one piece ("    return" is "▁▁▁▁", "return"), as SentencePiece and llama.cpp match them in
+    the raw text; in conversions 3 and 4 it was one "▁" per space.
     """
     import numpy as np
     from tokenizers import AddedToken
@@ -96,7 +105,7 @@ def _gemma_tokenizer(fields, broken):
                       if i in id2tok and not id2tok[i].startswith("<unused") and id2tok[i] not in named)
     tok.add_special_tokens({"additional_special_tokens": controls})
     pieces = [id2tok[i] for i in sorted(np.flatnonzero(types == user_defined)) if i in id2tok]
-    tok.add_tokens([AddedToken(p, special=False, normalized=False) for p in pieces])
+    tok.add_tokens([AddedToken(p, special=False, normalized="▁" in p) for p in pieces])  # "▁": a space, normalised
     return tok
 
 
@@ -120,7 +129,7 @@ def write_cache(entry) -> Path:
         config.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / MARKER).write_text(json.dumps({"name": entry.name, "version": CACHE_VERSION, "pip": entry.pip,
+        (tmp / MARKER).write_text(json.dumps({"name": entry.name, "version": cache_version(entry.arch), "pip": entry.pip,
                                                 "gguf_sha256": entry.gguf_sha256,
                                                 "seconds": round(time.perf_counter() - t0, 1)}))
         shutil.rmtree(entry.cache_dir, ignore_errors=True)

@@ -30,7 +30,7 @@ import torch
 from ..errors import (LatentWireError, ModelConversionError, ModelFileError, ModelNotFoundError, ModelNotInstalledError,
                       UnknownNameError)
 from ..placement import resolve
-from .convert import CACHE_VERSION as _CACHE_VERSION, MARKER as _MARKER, dequantise, write_cache
+from .convert import MARKER as _MARKER, cache_version, dequantise, write_cache
 
 log = logging.getLogger("latentwire")
 
@@ -153,7 +153,7 @@ class ZooModel:
             marker = json.loads((self.cache_dir / _MARKER).read_text())
         except (OSError, ValueError):
             return False
-        return (isinstance(marker, dict) and marker.get("version") == _CACHE_VERSION
+        return (isinstance(marker, dict) and marker.get("version") == cache_version(self.arch)
                 and marker.get("gguf_sha256", self.gguf_sha256) == self.gguf_sha256)
 
 

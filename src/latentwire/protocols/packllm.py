@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 
 from ..agent import Agent
-from ..replies import answer_text, turn_starts
+from ..replies import answer_text, turn_begun
 from ..errors import ConfigError, GeometryMismatchError, UnknownNameError
 from .base import Outcome, Protocol, register
 
@@ -74,18 +74,18 @@ class PackLLM(Protocol):
         t1 = time.perf_counter()
         first = pairs[0][0]
         stop, turn, out, device = first.stop_ids, first.turn_marker, [], streams[0].logprobs.device
+        by_token = False
         for i in range(self.max_new_tokens):
             fused = sum(float(wi) * s.logprobs.to(device) for wi, s in zip(w.tolist(), streams))  # (V,)
             tok = int(fused.argmax())
-            if tok in stop or (turn and turn_starts(first.tokenizer.decode(out + [tok], skip_special_tokens=True),
-                                                    turn)):  # a templateless model starting the next turn: as Agent
-                break
+            if (by_token := tok in stop) or (turn and turn_begun(first.tokenizer, out + [tok], turn)):
+                break  # a stop token, or a templateless model starting the next turn: as Agent
             out.append(tok)
             if i + 1 < self.max_new_tokens:
                 for s in streams:
                     s.push(tok)
         decode = time.perf_counter() - t1
-        text = answer_text(first.tokenizer, out, turn)
+        text = answer_text(first.tokenizer, out, None if by_token else turn)
         context = max(s.position for s in streams)
         # Every agent reads in parallel, then all decode in lockstep: the slowest read, then the decode.
         return Outcome(self.name, text, 0, context, tuple(seconds), decode,

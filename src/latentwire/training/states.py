@@ -2,14 +2,16 @@
 
 Both models are frozen, so a (model, prompt) pair always gives the same state: the cache keys files by
 SHA-256 of (cache format, model, tokenizer fingerprint, the model's dtype, the prompt's token ids as the chat
-template gives them: a changed template is a new entry) and stops writing once the folder reaches its size
-limit (16 GiB by default; later states are then computed on the fly, every time they are read: watch `hits` /
-`misses`). A hit whose rows are not those token ids is refused. Reads come back in float32, on the agent's
+template gives them: a changed template is a new entry) and stops writing once its files reach its size limit
+(16 GiB by default; later states are then computed on the fly, every time they are read: watch `hits` /
+`misses`). File names start with the format's tag: files of another format are never read and do not count
+against the limit (a warning names them and their size, to delete). A hit whose rows are not those token ids is refused. Reads come back in float32, on the agent's
 device. New weights under an old model name are not detected: clear the folder (`StateCache.folder`) then.
 """
 from __future__ import annotations
 
 import hashlib
+import logging
 from pathlib import Path
 
 import torch
@@ -24,6 +26,9 @@ from ..translate.base import cast
 from ..translate.compose import PairStates, needs
 
 FORMAT = "latentwire.statecache.v2"  # in every key: a change of what a file holds starts a new entry
+TAG = FORMAT.rsplit(".", 1)[1]  # file names: f"{TAG}-{sha256}.kv"
+
+log = logging.getLogger(__name__)
 
 
 class StateCache:
@@ -31,13 +36,17 @@ class StateCache:
         self.folder = Path(folder) if folder else cache_root() / "states"
         self.folder.mkdir(parents=True, exist_ok=True)
         self.limit = limit_mb * 2**20
-        self.used = sum(f.stat().st_size for f in self.folder.glob("*.kv"))
+        self.used = sum(f.stat().st_size for f in self.folder.glob(f"{TAG}-*.kv"))
+        stale = [f for f in self.folder.glob("*.kv") if not f.name.startswith(f"{TAG}-")]
+        if stale:
+            log.warning("%s: %d state files (%.1f MiB) of an earlier cache format are never read again; delete them "
+                        "to free the space", self.folder, len(stale), sum(f.stat().st_size for f in stale) / 2**20)
         self.hits = self.misses = 0
 
     def _path(self, agent: Agent, ids: list[int]) -> Path:
         g = agent.geometry
         text = f"{FORMAT}\x00{g.model}\x00{g.tokenizer}\x00{agent.dtype}\x00{','.join(map(str, ids))}"
-        return self.folder / f"{hashlib.sha256(text.encode()).hexdigest()}.kv"
+        return self.folder / f"{TAG}-{hashlib.sha256(text.encode()).hexdigest()}.kv"
 
     def get(self, agent: Agent, prompt: str) -> KVState:
         ids = agent.chat_ids(prompt)
