@@ -105,7 +105,7 @@ def main() -> None:
     for cell in cells:
         folder = args.out / f"{cell}_{args.model}"
         if args.report_only:
-            write_report(folder, cell_pairs(read_run(folder)[0]["config"]["protocols"]))
+            write_report(folder, cell_pairs(read_run(folder)[0]["config"]["protocols"]), complete=True)
             continue
         folder.mkdir(parents=True, exist_ok=True)
         task = folder / "episodes.jsonl"
@@ -114,7 +114,7 @@ def main() -> None:
         log_command(folder, cmd)  # before the run: an interrupted run resumes with it
         run(RunConfig(os.path.relpath(task), ",".join(PROTOCOLS[args.protocols]), args.model, dtype=args.dtype),
             folder)
-        write_report(folder, cell_pairs(read_run(folder)[0]["config"]["protocols"]))
+        write_report(folder, cell_pairs(read_run(folder)[0]["config"]["protocols"]), complete=True)
     write_index(args.out)
 
 

@@ -36,7 +36,7 @@ from latent_vs_text import cell_episodes, ensure_episodes, log_command, commands
 from latentwire.agent import Agent  # noqa: E402
 from latentwire.bench.episode import load_episodes, span_token_positions  # noqa: E402
 from latentwire.bench.metrics import bootstrap_ci, evidence_recall, paired_bootstrap_diff  # noqa: E402
-from latentwire.bench.report import compare, read_run, verdict, with_holm, write_report  # noqa: E402
+from latentwire.bench.report import complete_episodes, compare, read_run, verdict, with_holm, write_report  # noqa: E402
 from latentwire.bench.report import PAIRING_NOTE, VERDICT_HEADER, holm_note, mixed_note  # noqa: E402
 from latentwire.bench.episode import jsonl_lines  # noqa: E402
 from latentwire.bench.folder import (check_resume, drop_cut_lines, finished, hardware, replace_text, run_lock,  # noqa: E402
@@ -241,9 +241,7 @@ def cell_summary(folder: Path) -> tuple[list[str], list[dict], dict]:
     episodes every protocol has run (an episode a paused run left half done waits for its resume)."""
     config, records = read_run(folder)
     ran = set(config["config"]["protocols"])
-    have = {(r["episode"], r["protocol"]) for r in records}
-    done = {e for e, _ in have if all((e, p) in have for p in ran)}
-    records = [r for r in records if r["episode"] in done]
+    records = complete_episodes(records, ran)
     comps = with_holm([c for a, b in FAMILY if a in ran and b in ran and (c := compare(records, a, b))])
     acc = {}
     for name, label in CONTENDERS.items():
@@ -301,7 +299,7 @@ def write_index(out: Path, cells: list[str], n: int, seed: int) -> None:
             continue
         config, records = read_run(folder)
         if not (folder / "report.md").exists():  # a cell another call started: its report, so the link resolves
-            write_report(folder, [p for p in FAMILY if p[0] in config["config"]["protocols"]])
+            write_report(folder, [p for p in FAMILY if p[0] in config["config"]["protocols"]], complete=True)
         _, comps, acc = cell_summary(folder)
         for env in [config["environment"], *config.get("resumed", [])]:  # each call that added records
             environments.add(f"{config['config']['dtype']} on {hardware(env)}")
@@ -314,7 +312,7 @@ def write_index(out: Path, cells: list[str], n: int, seed: int) -> None:
                     f"[{cell}/report.md]({cell}/report.md).", "", VERDICT_HEADER[0], VERDICT_HEADER[1]]
         details += [verdict(c) for c in comps] + ["", holm_note(len(comps))] + mixed_note(comps)
         details += [""] + recall_table(folder, eps)
-        ran = set(config["config"]["protocols"])
+        ran, records = set(config["config"]["protocols"]), complete_episodes(records, config["config"]["protocols"])
         if extra := [c for a, b in POST_HOC if a in ran and b in ran and (c := compare(records, a, b))]:
             details += ["", "Post hoc, outside the family (chosen after results; exact p unadjusted):", "",
                         VERDICT_HEADER[0], VERDICT_HEADER[1]] + [verdict(c) for c in extra] + mixed_note(extra)
@@ -396,7 +394,7 @@ def main() -> None:
                 run_cell(agent, folder, episodes, args.model, not args.skip_recall, args.upto)
         if has_records(folder):
             config, _ = read_run(folder)
-            write_report(folder, [p for p in FAMILY if p[0] in config["config"]["protocols"]])
+            write_report(folder, [p for p in FAMILY if p[0] in config["config"]["protocols"]], complete=True)
     write_index(args.out, list(CELLS), args.n, args.seed)
 
 

@@ -393,7 +393,7 @@ def main() -> None:
                 run_cell(agent, folder, groups, args.model, [names.get(p, p) for p in _split(args.protocols)],
                          args.upto)
         if (folder / "records.jsonl").exists():
-            write_report(folder, family_for(cell), document_sets(folder), question_time=True)
+            write_report(folder, family_for(cell), document_sets(folder), question_time=True, complete=True)
     write_index(args.out)
 
 

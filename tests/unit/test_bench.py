@@ -466,6 +466,15 @@ def test_default_verdict_pairs_and_report_table(tiny_task, tmp_path):
     text = write_report(out, [("fullkv(latent_steps=0, max_new_tokens=2)", "alone(max_new_tokens=2)")]).read_text()
     assert "| `fullkv(latent_steps=0, max_new_tokens=2)` vs `alone(max_new_tokens=2)` | 3 |" in text
     assert "McNemar" in text and "| Holm p |" in text and "adjusted over the 1 verdict of this table" in text
+    rec = out / "records.jsonl"
+    lines = rec.read_text().splitlines()
+    last = json.loads(lines[-1])["episode"]  # as a paused run leaves it: the last episode's second protocol missing
+    rec.write_text("".join(line + "\n" for line in lines if not (json.loads(line)["episode"] == last and
+                                                                 json.loads(line)["protocol"].startswith("fullkv"))))
+    text = write_report(out, [("fullkv(latent_steps=0, max_new_tokens=2)", "alone(max_new_tokens=2)")],
+                        complete=True).read_text()
+    assert "| `fullkv(latent_steps=0, max_new_tokens=2)` vs `alone(max_new_tokens=2)` | 2 |" in text
+    assert "| `alone(max_new_tokens=2)` | 2 |" in text  # the half-run episode waits: both over the same two
 
 
 def test_bad_arguments_leave_no_run_folder(tiny_task, tmp_path):

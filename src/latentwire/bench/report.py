@@ -235,10 +235,20 @@ def _plain_log_axis(axis) -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
+def complete_episodes(records: list[dict], protocols) -> list[dict]:
+    """The records of the episodes every one of `protocols` has a record of: an episode a paused run left half
+    done waits for its resume, so every protocol is summarised over the same episodes."""
+    have = {(r["episode"], r["protocol"]) for r in records}
+    done = {e for e, _ in have if all((e, p) in have for p in protocols)}
+    return [r for r in records if r["episode"] in done]
+
+
 def write_report(run_dir: str | Path, pairs: list[tuple[str, str]] | None = None,
-                 clusters: dict[str, str] | None = None, question_time: bool = False) -> Path:
+                 clusters: dict[str, str] | None = None, question_time: bool = False,
+                 complete: bool = False) -> Path:
     """Writes report.md and its two PNG plots into `run_dir`; returns the path of report.md. `pairs`: the
-    verdicts to draw (default: `default_pairs` of the run's protocols); `clusters`, `question_time`: as `compare`."""
+    verdicts to draw (default: `default_pairs` of the run's protocols); `clusters`, `question_time`: as `compare`;
+    `complete`: only the episodes every protocol of the run has finished (`complete_episodes`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -250,6 +260,8 @@ def write_report(run_dir: str | Path, pairs: list[tuple[str, str]] | None = None
     if not records:
         raise LatentWireError(f"{run_dir}/records.jsonl has no records yet")
     cfg = config["config"]
+    if complete and not (records := complete_episodes(records, cfg["protocols"])):
+        raise LatentWireError(f"{run_dir}: no episode has a record of every protocol yet")
     summary = summarize(records, list(cfg["protocols"]))
     lines = _header_lines(config) + _summary_lines(summary)
     lines += _verdict_lines(records, default_pairs(cfg["protocols"]) if pairs is None else pairs, clusters,
