@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import GeometryMismatchError, StateFormatError
+from .errors import ConfigError, GeometryMismatchError, StateFormatError
 
 
 @dataclass(frozen=True, eq=False)
@@ -40,6 +40,8 @@ class Rows:
     @staticmethod
     def cat(parts: "list[Rows]") -> "Rows":
         """Concatenate messages of one space (a fan-in receiver's rows, sender after sender)."""
+        if not parts:
+            raise ConfigError("Rows.cat needs at least one message")
         spaces = {p.space for p in parts} - {None}
         if len(spaces) > 1:
             raise GeometryMismatchError(f"rows from different models cannot share a message: {sorted(spaces)}")

@@ -254,6 +254,10 @@ def test_rows_carry_their_space_and_concatenate_only_within_it(agent):
     with pytest.raises(GeometryMismatchError):
         Rows.cat([rows, stranger])
     assert Rows.cat([rows, Rows(rows.embeds, rows.token_ids)]).space == rows.space  # unlabelled rows join
+    from latentwire.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="at least one"):  # not torch.cat's RuntimeError
+        Rows.cat([])
 
 
 def test_rows_shape_checked():

@@ -149,30 +149,72 @@ def test_a_follow_up_keeps_the_fan_in_order_and_senders_choose_exactly(agents):
         fanin_node(SPEC, [agents["a"], agents["r"]])
 
 
-def test_concurrent_steps_run_one_at_a_time(agents):
-    """Two graph requests on one node at once (ainvoke from a server): the steps do not interleave."""
+class Overlap:
+    """Wraps nodes' protocols to count how many of their steps run at once (`most`)."""
+
+    def __init__(self):
+        self.inside = self.most = 0
+
+    def spy(self, node):
+        real, overlap = node.protocol, self
+
+        class Spy:
+            def run(self, *args):
+                import time
+
+                overlap.inside += 1
+                overlap.most = max(overlap.most, overlap.inside)
+                time.sleep(0.05)
+                try:
+                    return real.run(*args)
+                finally:
+                    overlap.inside -= 1
+
+        node.protocol = Spy()
+        return node
+
+
+def run_at_once(steps) -> None:
     import threading
-    import time
 
-    node = fanin_node(SPEC, agents, receiver="r")
-    real, inside, most = node.protocol, [0], [0]
-
-    class Spy:
-        def run(self, *args):
-            inside[0] += 1
-            most[0] = max(most[0], inside[0])
-            time.sleep(0.05)
-            try:
-                return real.run(*args)
-            finally:
-                inside[0] -= 1
-
-    node.protocol = Spy()
-    answers = []
-    step = lambda: answers.append(node({"question": "Which city?", "documents": DOCS})["answer"])  # noqa: E731
-    threads = [threading.Thread(target=step) for _ in range(3)]
+    threads = [threading.Thread(target=step) for step in steps]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert most[0] == 1 and len(answers) == 3 and len(set(answers)) == 1
+
+
+def test_concurrent_steps_run_one_at_a_time(agents):
+    """Two graph requests on one node at once (ainvoke from a server): the steps do not interleave."""
+    overlap = Overlap()
+    node = overlap.spy(fanin_node(SPEC, agents, receiver="r"))
+    answers = []
+    step = lambda: answers.append(node({"question": "Which city?", "documents": DOCS})["answer"])  # noqa: E731
+    run_at_once([step] * 3)
+    assert overlap.most == 1 and len(answers) == 3 and len(set(answers)) == 1
+
+
+def test_nodes_sharing_agents_step_one_at_a_time_and_nodes_sharing_nothing_do_not_wait(agents):
+    """Two nodes over the same agents (or transport) would interleave the agents' caches and timings: they step one
+    at a time. A node over other agents is not held up by them."""
+    import threading
+
+    overlap = Overlap()
+    nodes = [overlap.spy(fanin_node(SPEC, agents, receiver="r")) for _ in range(2)]
+    run_at_once([lambda n=n: n({"question": "Which city?", "documents": DOCS}) for n in nodes])
+    assert overlap.most == 1
+    from latentwire.integrations.langgraph import _holding
+
+    class Elsewhere:  # another node's agent
+        pass
+
+    def step_elsewhere(out):
+        with _holding([Elsewhere()]):
+            out.append(1)
+
+    other = []
+    with _holding(list(agents.values())):  # one node's step in progress
+        t = threading.Thread(target=step_elsewhere, args=(other,))
+        t.start()
+        t.join(timeout=5)
+    assert other == [1]  # another resource's lock was free meanwhile

@@ -127,7 +127,7 @@ def test_empty_set(pool):
     assert len(empty) == 0 and empty.geometry is None and empty.digests == () and list(empty) == []
     assert empty.merge(empty) == empty and empty.merge(FragmentSet(pool[:2])) == FragmentSet(pool[:2])
     assert FragmentSet.from_bytes(empty.to_bytes()) == empty
-    with pytest.raises(ValueError, match="nothing to render"):
+    with pytest.raises(ConfigError, match="nothing to render"):
         CanonicalMerge().render(empty)
 
 
@@ -204,8 +204,15 @@ def test_render_of_a_set_and_of_its_fragments_agree(pool, copies):
 
 
 def test_render_refuses_duplicates(pool, copies):
-    with pytest.raises(ValueError, match="given twice"):
+    with pytest.raises(ConfigError, match="given twice"):
         CanonicalMerge().render([pool[0], pool[1], copies[0]])
+
+
+def test_a_single_digest_is_not_taken_for_a_list_of_its_characters(pool):
+    s = FragmentSet(pool[:3])
+    with pytest.raises(ConfigError, match="iterable of digests"):
+        s.subset(pool[0].digest)
+    assert s.subset([pool[0].digest]).digests == (pool[0].digest,)
 
 
 def test_canonical_ties_are_broken_by_digest(llama_geometry):
@@ -261,9 +268,9 @@ def test_canonical_directions_are_both_order_free_and_differ(pool, n):
 
 def test_bag_merge_validates_order(pool):
     for bad in ((0, 0), (1, 2), (0, 1.0), (-1, 0)):
-        with pytest.raises(ValueError, match="order"):
+        with pytest.raises(ConfigError, match="order"):
             BagMerge(order=bad)
-    with pytest.raises(ValueError, match="for 2 fragments, got 3"):
+    with pytest.raises(ConfigError, match="for 2 fragments, got 3"):
         BagMerge(order=(1, 0)).render(pool[:3])
     assert BagMerge(order=[1, 0]) == BagMerge(order=(1, 0)) and BagMerge().permutation is None
 

@@ -54,7 +54,7 @@ def test_a_set_absorbs_a_redelivered_fragment_for_canonical_merge(frags):
     assert len(with_repeat) == 3
     assert CanonicalMerge().render(with_repeat).digest() == CanonicalMerge().render(without).digest()
     assert BagMerge().render(with_repeat).digest() == BagMerge().render(without).digest()  # the set, not a bag
-    with pytest.raises(ValueError, match="given twice"):  # a bare sequence with a repeat: put it in a set
+    with pytest.raises(ConfigError, match="given twice"):  # a bare sequence with a repeat: put it in a set
         CanonicalMerge().render([a, b, redelivered(b)])
 
 

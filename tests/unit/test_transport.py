@@ -152,6 +152,33 @@ def test_receiver_rejects_untrusted_unsigned_and_garbled_messages(tokenizer):
     assert t.run("r", fanin_answer, spec, QUESTION, packed)["signed_by"] == [key_id(t.public_keys()["a"])]
 
 
+def test_a_key_alone_seals_a_signing_node_trusting_no_key_refuses_and_handles_nest_nowhere(tokenizer):
+    """`InProcessTransport(key=...)` exchanges sealed wire bytes (a key is never ignored); a node that requires
+    signatures but has not been given any key refuses (it does not accept any key); a handle inside a list is
+    refused here as on Ray, which resolves only top-level handles."""
+    from latentwire.transport import TransportError
+    from latentwire.transport.run import cacheback_send
+
+    spec = ("cacheback", PROTOCOLS["cacheback"][1])
+    with InProcessTransport(key=generate_key()) as t:
+        t.add("a", AgentSpec.tiny(ARCH))
+        t.add("r", AgentSpec.tiny(ARCH))
+        packed = t.get(t.submit("a", cacheback_send, spec, DOCS[0], QUESTION, n_out=2)[0])
+        assert isinstance(packed, bytes) and b"latentwire" not in packed[:64]  # sealed: no readable header
+        assert t.run("r", fanin_answer, spec, QUESTION, packed)["signed_by"] == [None]
+        handle = t.submit("a", cacheback_send, spec, DOCS[0], QUESTION, n_out=2)[0]
+        with pytest.raises(TransportError, match="top-level"):
+            t.run("r", fanin_answer, spec, QUESTION, [handle])
+    signer = Node("s", AgentSpec.tiny(ARCH), NodeConfig(wire=True, sign=True))
+    lonely = Node("r", AgentSpec.tiny(ARCH), NodeConfig(wire=True, sign=True))
+    lonely.trusted = None  # as a node no transport has handed the keys to
+    packed, _ = cacheback_send(signer, spec, DOCS[0], QUESTION)
+    with pytest.raises(SignatureError, match="trusts no key"):
+        lonely.unpack(packed)
+    lonely.trust([signer.public_key])
+    assert lonely.unpack(packed).signed_by is not None
+
+
 def test_token_rows_past_the_vocabulary_or_without_a_model_are_refused_typed():
     """An id past the receiver's embedding table is a WireFormatError naming the field (on CPU it would be a raw
     IndexError, on CUDA a device assert); a node without a model cannot rebuild token rows: TransportError."""
@@ -193,6 +220,39 @@ def test_configuration_errors(zero_copy):
         t.add("z", AgentSpec.tiny(ARCH))
         t.kill("z")
         t.run("z", sleep_step, 0)
+
+
+@pytest.mark.parametrize("key", ["fullkv", "cacheback"])
+def test_a_message_too_long_for_the_receiver_is_refused_before_any_sender_reads(key, tokenizer, monkeypatch):
+    """As the protocol's own run: ContextOverflowError with the same breakdown, and no sender node has read."""
+    from latentwire.errors import ContextOverflowError
+    from latentwire.models import tiny_model
+
+    small = Agent(tiny_model(ARCH), tokenizer, model_name=ARCH, context_window=64)
+    big = Agent(tiny_model(ARCH), tokenizer, model_name=ARCH)
+    with pytest.raises(ContextOverflowError) as own:
+        _protocol(key).run([big, big], list(DOCS[:2]), small, QUESTION)
+    reads = []
+    monkeypatch.setattr(Agent, "prefill", lambda self, *a, **kw: reads.append(self) or pytest.fail("a sender read"))
+    with InProcessTransport() as t:
+        t.add("a", big)
+        t.add("b", big)
+        t.add("r", small)
+        with pytest.raises(ContextOverflowError) as e:
+            run_protocol(t, _protocol(key), ["a", "b"], list(DOCS[:2]), "r", QUESTION)
+    assert reads == [] and e.value.breakdown == own.value.breakdown and e.value.window == 64
+
+
+@pytest.mark.parametrize("key", ["fullkv", "merge"])
+def test_a_lost_sender_kept_nothing(key):
+    """on_lost="skip": the survivors answer, and the lost sender's document is not reported as kept (evidence
+    recall would count it)."""
+    with InProcessTransport() as t:
+        for name in ("a", "z", "r"):
+            t.add(name, AgentSpec.tiny(ARCH))
+        t.kill("z")
+        out = run_protocol(t, _protocol(key), ["a", "z"], list(DOCS[:2]), "r", QUESTION, on_lost="skip")
+    assert out.details["lost"] == ["z"] and out.kept_spans == (((0, len(DOCS[0])),), ())
 
 
 def test_inprocess_replicas_converge():
@@ -299,6 +359,13 @@ def test_ray_demo_attaches_to_served_agents(ray_t):
     assert all(len(out.details["signed_by"]) == 2 and None not in out.details["signed_by"] for *_, out in rows)
     pids = {ray_t.pid(n) for n in served}  # still up: an attached demo does not stop served agents
     assert len(pids) == 3 and all(any(str(p) in line for line in lines) for p in pids)
+    from latentwire.transport.ray_transport import RayTransport as Ray
+
+    other = Ray()  # another driver attaches to a served node, then closes: the node stays up for everyone
+    other.attach(SERVED_RECEIVER)
+    assert other.pid(SERVED_RECEIVER) == ray_t.pid(SERVED_RECEIVER)
+    other.close()
+    assert ray_t.pid(SERVED_RECEIVER) in pids
     with pytest.raises(TransportError, match="attach"):
         from latentwire.transport.ray_transport import RayTransport
 
@@ -306,11 +373,17 @@ def test_ray_demo_attaches_to_served_agents(ray_t):
 
 
 def test_ray_agent_that_fails_to_load_is_a_typed_error(ray_t):
-    """The actor's typed error crosses the process boundary as itself (errors are picklable)."""
+    """The actor's typed error crosses the process boundary as itself (errors are picklable). A node started with
+    it is still given every key, and the others its key (it was not, when the failing node came last)."""
+    ray_t.add("late", AgentSpec.tiny(ARCH))
     ray_t.add("broken", AgentSpec.pretrained("no-such-model"))
     with pytest.raises(ModelNotFoundError, match="'no-such-model'.*bundled name.*smollm2-135m"):
         ray_t.ready()
-    assert "broken" not in ray_t.nodes
+    assert "broken" not in ray_t.nodes and "late" in ray_t.nodes
+    keys = set(ray_t.public_keys().values())
+    trusted = lambda node: set(node.trusted or ())  # noqa: E731  (a lambda travels by value to the actor)
+    assert ray_t.run("late", trusted) == keys and keys <= ray_t.run(RECEIVER, trusted)  # and killed nodes' keys
+    ray_t.kill("late")
 
 
 def test_chain_with_a_dead_hop_names_it():

@@ -29,9 +29,11 @@ again. The node keeps each handle's document text (not its KV) until `release()`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import threading
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping, TypedDict
 
@@ -52,6 +54,23 @@ class FaninState(TypedDict, total=False):
     receiver: str
     answer: str
     latentwire: dict
+
+
+_LOCKS: "weakref.WeakKeyDictionary[object, threading.RLock]" = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def _holding(resources) -> Any:
+    """Hold one lock per shared resource (an Agent, a Transport) for a step: nodes that share agents or a transport
+    step one at a time (neither is thread-safe: a transport's replicas, an agent's caches and timing), while nodes
+    that share nothing run concurrently. Locks are taken in one global order, so two nodes never deadlock."""
+    with _LOCKS_GUARD:
+        locks = [_LOCKS.setdefault(r, threading.RLock()) for r in sorted(set(resources), key=id)]
+    with contextlib.ExitStack() as stack:
+        for lock in locks:
+            stack.enter_context(lock)
+        yield
 
 
 FANIN = ("text", "retrieval", "cacheback", "cacheback_x", "fullkv", "fullcontext", "merge", "packllm", "alone")
@@ -87,7 +106,8 @@ class FaninNode:
     max_held_bytes: int = 4 * 2**30
     held: HeldReads = field(init=False, repr=False)
     _documents: dict = field(init=False, repr=False, default_factory=dict)  # handle -> document text
-    # one step at a time: concurrent steps (ainvoke from several requests) would interleave the held reads
+    # one step at a time: concurrent steps (ainvoke from several requests) would interleave the held reads; other
+    # nodes sharing its agents or transport wait too (`_holding`)
     _lock: threading.Lock = field(init=False, repr=False, compare=False, default_factory=threading.Lock)
 
     def __post_init__(self):
@@ -108,7 +128,8 @@ class FaninNode:
 
     # -- the node ---------------------------------------------------------------------------------
     def __call__(self, state: Mapping[str, Any]) -> dict:
-        with self._lock:
+        shared = [self.transport] if self.transport is not None else list(self.agents.values())
+        with self._lock, _holding(shared):
             return self._step(state)
 
     def _step(self, state: Mapping[str, Any]) -> dict:

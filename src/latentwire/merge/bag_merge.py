@@ -42,6 +42,6 @@ class BagMerge(Render):
         if self.permutation is None:
             return list(fragments)
         if len(self.permutation) != len(fragments):
-            raise ValueError(f"order {self.permutation!r} is for {len(self.permutation)} fragments, "
+            raise ConfigError(f"order {self.permutation!r} is for {len(self.permutation)} fragments, "
                              f"got {len(fragments)}")
         return [fragments[i] for i in self.permutation]

@@ -13,6 +13,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Iterable, Sequence
 
+from ..errors import ConfigError
 from ..registry import Registry
 from ..state import KVState
 from .fragments import Fragment
@@ -37,17 +38,17 @@ class Render(ABC):
         """
         frags = [f if isinstance(f, Fragment) else Fragment.of(f) for f in fragments]
         if not frags:
-            raise ValueError("nothing to render: no fragments")
+            raise ConfigError("nothing to render: no fragments")
         seen = set()
         for f in frags:
             if f.digest in seen and not self.repeats:
-                raise ValueError(f"fragment {f.digest[:12]}… given twice; a FragmentSet absorbs duplicates "
+                raise ConfigError(f"fragment {f.digest[:12]}… given twice; a FragmentSet absorbs duplicates "
                                  f"({type(self).__name__} renders each fragment once)")
             seen.add(f.digest)
             frags[0].geometry.check_same(f.geometry)
         ordered = self.order(frags)
         if sorted(f.digest for f in ordered) != sorted(f.digest for f in frags):  # the same multiset
-            raise ValueError(f"{type(self).__name__}.order did not return a permutation of its input")
+            raise ConfigError(f"{type(self).__name__}.order did not return a permutation of its input")
         state = KVState.concat([f.state for f in ordered])
         return state if state.is_compact else state.compact()
 

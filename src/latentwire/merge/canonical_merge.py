@@ -27,8 +27,9 @@ class CanonicalMerge(Render):
     a stable sort on the norm alone would get wrong.
 
     The key: the L2 norm of every cached key vector (each head, each row the layer holds: a sliding
-    layer holds only the state's last rows) at `layer`, in float64, averaged with `math.fsum`
-    (correctly rounded, so it does not depend on reduction order or thread count). A layer holding no
+    layer holds only the state's last rows) at `layer`, in float64, each norm and their mean summed with
+    `math.fsum` (correctly rounded, so it depends neither on reduction order, thread count or SIMD width nor
+    on the device the fragment was decoded onto). A layer holding no
     rows has key 0.0. `layer=None` is the middle layer, num_layers // 2. The direction only reverses
     that total order, so both directions are independent of arrival order (docs/methods.md,
     "CanonicalMerge"); it is an ablation of which block lands in the prefix slot.
@@ -54,7 +55,8 @@ class CanonicalMerge(Render):
     def key(self, fragment: Fragment) -> float:
         """Mean K-norm of the fragment at this render's layer."""
         keys = fragment.state.layers[self.layer_for(fragment.geometry.num_layers)].keys  # (H, T_l, D)
-        norms = keys.detach().double().pow(2).sum(dim=-1).sqrt().flatten().tolist()  # H * T_l floats
+        rows = keys.detach().cpu().double().reshape(-1, keys.shape[-1]).tolist()  # H * T_l rows of D floats
+        norms = [math.sqrt(math.fsum(x * x for x in row)) for row in rows]  # squares rounded once, summed exactly
         return math.fsum(norms) / len(norms) if norms else 0.0
 
     def order(self, fragments: Sequence[Fragment]) -> list[Fragment]:

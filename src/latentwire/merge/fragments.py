@@ -24,7 +24,7 @@ from typing import Iterable, Iterator
 
 import torch
 
-from ..errors import GeometryMismatchError, StateFormatError
+from ..errors import ConfigError, GeometryMismatchError, StateFormatError
 from ..state import Geometry, KVState, canonical_json, check_format
 
 FORMAT = "latentwire.fragmentset"
@@ -191,6 +191,9 @@ class FragmentSet:
 
     def subset(self, digests: Iterable[str]) -> "FragmentSet":
         """The fragments with these digests (each must be present)."""
+        if isinstance(digests, (str, bytes)):  # one digest would be iterated as its characters
+            raise ConfigError(f"subset takes an iterable of digests, not one {type(digests).__name__}: "
+                              f"subset([{str(digests)[:12]}…])")
         return FragmentSet._trusted({d: self[d] for d in set(digests)}, self._geometry)
 
     # -- bytes ----------------------------------------------------------------------------------

@@ -353,18 +353,31 @@ class CacheBack(Protocol):
         the budgets allow fit: per sender min(B, T - 1) document rows (at least one whole sentence, ≤ 2·span rows,
         under the unit floor) + its first row + G latent rows, then the receiver's prompt and answer; for
         "kv_reencoded" each sender's re-read of those rows after its slot's template text, too."""
-        budget = first = latent = 0
-        for i, (sender, prompt) in enumerate(zip(senders, self.check_senders(senders, documents, question))):
-            T = prompt + self.latent_steps
-            B = fanin_budget(T, self.ratio)
-            if self.unit_floor and self.span_mode == "sentence" and (B < self.span or self.fill == "whole"):
-                B = max(B, 2 * self.span)  # the unit floor may send one whole sentence of up to 2·span rows
-            if self.encoding == "kv_reencoded":  # the sender re-reads its rows after its slot's template text
-                pre = sender.slot_ids(sender.chat_text(MESSAGE_PROMPT.format(question=question)))[0]
-                sender.check_window(**{f"sender {i} slot prompt": len(pre),
-                                       "sent_rows": min(B, prompt - 1) + 1 + self.latent_steps})
-            budget += min(B, prompt - 1)
-            first, latent = first + 1, latent + self.latent_steps
+        prompts = self.check_senders(senders, documents, question)
+        for i, (sender, prompt) in enumerate(zip(senders, prompts)):
+            self.check_reread(sender, f"sender {i}", prompt, question)
+        self.check_receiver_window(prompts, receiver, question)
+
+    def _max_rows(self, prompt: int) -> int:
+        """The most document rows a sender whose prompt has `prompt` rows may send: min(B, prompt - 1)."""
+        B = fanin_budget(prompt + self.latent_steps, self.ratio)
+        if self.unit_floor and self.span_mode == "sentence" and (B < self.span or self.fill == "whole"):
+            B = max(B, 2 * self.span)  # the unit floor may send one whole sentence of up to 2·span rows
+        return min(B, prompt - 1)
+
+    def check_reread(self, sender: Agent, label: str, prompt: int, question: str) -> None:
+        """"kv_reencoded": the sender's re-read of its largest message after its slot's template text fits its
+        window (nothing to check for the other encodings)."""
+        if self.encoding == "kv_reencoded":
+            pre = sender.slot_ids(sender.chat_text(MESSAGE_PROMPT.format(question=question)))[0]
+            sender.check_window(**{f"{label} slot prompt": len(pre),
+                                   "sent_rows": self._max_rows(prompt) + 1 + self.latent_steps})
+
+    def check_receiver_window(self, prompts: Sequence[int], receiver: Agent, question: str) -> None:
+        """The receiver's half of `check_window`, from the senders' prompt lengths (`check_senders`): what a
+        transport checks on the receiver's node before any sender's node reads."""
+        budget = sum(self._max_rows(prompt) for prompt in prompts)
+        first, latent = len(prompts), len(prompts) * self.latent_steps
         if self.recompute_share:  # the receiver's attention must take the recompute's prepared mask
             check_blend(receiver)
         if self.encoding == "kv":  # the prompt continues after the attached rows

@@ -46,11 +46,19 @@ class FullKV(Protocol):
     def check_window(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> None:
         """ContextOverflowError, before any sender reads, unless every sender's state and the whole message (each
         sender's prompt rows + G latent rows) fit, then the receiver's prompt and answer."""
+        self.check_receiver_window(self.check_senders(senders, documents, question), receiver, question)
+
+    def check_senders(self, senders: Sequence[Agent], documents: Sequence[str], question: str) -> list[int]:
+        """Each sender's prompt length, checked against its window before any sender reads."""
         pairs = self._pair(senders, documents)
-        rows = sum(sender_prompt_lengths([s for s, _ in pairs], [self.sender_prompt(d, question) for _, d in pairs],
-                                         self.latent_steps))
+        return sender_prompt_lengths([s for s, _ in pairs], [self.sender_prompt(d, question) for _, d in pairs],
+                                     self.latent_steps)
+
+    def check_receiver_window(self, prompts: Sequence[int], receiver: Agent, question: str) -> None:
+        """The receiver's half of `check_window`, from the senders' prompt lengths (what a transport checks on the
+        receiver's node before any sender's node reads)."""
         follow = receiver.kv_prompt_ids(question)
-        parts = {"sender_rows": rows, "latent_rows": len(documents) * self.latent_steps, "prompt": len(follow),
+        parts = {"sender_rows": sum(prompts), "latent_rows": len(prompts) * self.latent_steps, "prompt": len(follow),
                  "max_new_tokens": self.max_new_tokens}
         if sum(parts.values()) > receiver.context_window:
             raise ContextOverflowError(sum(parts.values()), receiver.context_window, parts)

@@ -201,6 +201,10 @@ class Node:
                 raise TransportError(f"node {self.name!r} received a {type(packed).__name__}, not message bytes")
             data = wire.open_sealed(packed, self.config.key) if self.config.key else bytes(packed)
             expect = None if self.agent is None or not expect else self.agent.geometry
+            if self.config.sign and not self.trusted:  # fail closed: no trusted key must not mean any key
+                raise wire.SignatureError("header.signature", f"node {self.name!r} requires signed messages but "
+                                                              "trusts no key yet (its transport has not given it "
+                                                              "the nodes' keys)")
             verify = self.trusted if self.config.sign else None
             device = None if self.agent is None else self.agent.device  # decoded straight onto the model's device
             msg = wire.decode(data, expect=expect, verify=verify, device=device)
@@ -227,7 +231,10 @@ def call(node: Node, fn: Callable, *args, **kw):
 
 # -- the interface ------------------------------------------------------------------------------------
 class Transport(ABC):
-    """Hosts named nodes and runs steps on them. Subclasses: InProcessTransport, RayTransport."""
+    """Hosts named nodes and runs steps on them. Subclasses: InProcessTransport, RayTransport.
+
+    Not thread-safe: drive a transport from one thread at a time (a node's replica update is a read-modify-write).
+    The LangGraph node (`integrations.langgraph.FaninNode`) serialises the steps of every node sharing one."""
 
     name: str = "?"
     config: NodeConfig

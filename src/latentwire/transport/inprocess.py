@@ -25,8 +25,8 @@ class InProcessTransport(Transport):
 
     def __init__(self, *, wire: bool = False, sign: bool = False, key: bytes | None = None,
                  torch_threads: int | None = None):
-        if sign and not wire:
-            wire = True  # a signature lives in the wire header
+        if (sign or key is not None) and not wire:
+            wire = True  # a signature lives in the wire header; a key seals the wire bytes
         self.config = NodeConfig(wire=wire, sign=sign, key=key, torch_threads=torch_threads)
         self._nodes: dict[str, Node] = {}
         self._dead: set[str] = set()
@@ -69,8 +69,10 @@ class InProcessTransport(Transport):
     def _resolve(self, value):
         if isinstance(value, Done):
             return self.get(value)
-        if isinstance(value, (list, tuple)) and any(isinstance(v, Done) for v in value):
-            return type(value)(self._resolve(v) for v in value)
+        if isinstance(value, (list, tuple, dict)) and any(isinstance(v, Done) for v in
+                                                          (value.values() if isinstance(value, dict) else value)):
+            raise TransportError("pass handles as top-level step arguments (as Ray resolves only those), not in a "
+                                 f"{type(value).__name__}")
         return value
 
     def get(self, handle):

@@ -125,9 +125,11 @@ class RayTransport(Transport):
         self._namespace = namespace
         self._options = dict(num_cpus=node_cpus, num_gpus=node_gpus, max_restarts=0, max_task_retries=0)
         self._actors: dict = {}
+        self._created: set[str] = set()  # the nodes this transport started (close() kills only these)
         self._pending: dict = {}  # name -> ObjectRef of its public key, until ready()
         self._dead: set[str] = set()
         self._keys: dict[str, bytes] = {}
+        self._keys_given = True  # every live node holds every key in _keys
         self._cls = ray.remote(NodeActor)
 
     # -- nodes -----------------------------------------------------------------------------------
@@ -151,6 +153,7 @@ class RayTransport(Transport):
         except ValueError as e:  # Ray: a named actor with this name already exists in the namespace
             raise TransportError(f"node {name!r}: {e}; use attach({name!r}) to use a served node") from e
         self._actors[name] = actor
+        self._created.add(name)
         self._pending[name] = actor.public_key.remote()  # actors start in parallel; see _ready()
 
     def attach(self, name: str) -> None:
@@ -164,23 +167,31 @@ class RayTransport(Transport):
         self._pending[name] = self._actors[name].public_key.remote()
 
     def ready(self) -> None:
-        """Wait for every new actor to start (its model loaded), then give every node every public key."""
-        if not self._pending:
-            return
+        """Wait for every new actor to start (its model loaded), then give every node every public key. A node
+        whose agent fails to load is removed and its error raised, after the others have started and been given
+        the keys (a node left without them would refuse every signed message, or with none trusted accept any)."""
+        failed = None
         for name, ref in list(self._pending.items()):
             try:
                 key = self.get_node(name, ref)
-            except Exception:  # its agent failed to load: the node is removed, its error raised
+            except Exception as e:  # its agent failed to load: the node is removed, its error raised below
                 del self._pending[name]
+                self._created.discard(name)
                 _ray().kill(self._actors.pop(name), no_restart=True)
-                raise
+                failed = failed or e
+                continue
             del self._pending[name]
+            self._keys_given = False  # a new node: it needs the keys, and the others need its key
             if key is not None:
                 self._keys[name] = key
-        if self._keys:
-            keys = list(self._keys.values())
-            for name, actor in self._actors.items():
-                self.get_node(name, actor.trust.remote(keys))
+        if not self._keys_given:
+            if self._keys:
+                keys = list(self._keys.values())
+                for name, actor in self._actors.items():
+                    self.get_node(name, actor.trust.remote(keys))
+            self._keys_given = True
+        if failed is not None:
+            raise failed
 
     def public_keys(self) -> dict[str, bytes]:
         self.ready()
@@ -233,17 +244,24 @@ class RayTransport(Transport):
     def kill(self, node: str) -> None:
         self._check_node(node)
         _ray().kill(self._actors.pop(node), no_restart=True)
+        self._created.discard(node)
         self._dead.add(node)
         self._keys.pop(node, None)
         self._pending.pop(node, None)
 
     def close(self) -> None:
+        """Kill the nodes this transport started (`add`); nodes it attached to (served by `latentwire serve` or
+        another driver) are only forgotten, so they stay up for everyone else."""
         ray = _ray()
         for name in list(self._actors):
-            try:
-                ray.kill(self._actors.pop(name), no_restart=True)
-            except Exception:  # already gone
-                pass
+            actor = self._actors.pop(name)
+            if name in self._created:
+                try:
+                    ray.kill(actor, no_restart=True)
+                except Exception:  # already gone
+                    pass
+        self._created.clear()
+        self._pending.clear()
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
             self._owns_ray = False
@@ -251,6 +269,9 @@ class RayTransport(Transport):
     def release(self) -> None:
         """Forget the nodes without killing them (served nodes stay up for other drivers)."""
         self._actors.clear()
+        self._created.clear()
+        self._pending.clear()
+        self._keys.clear()
 
 
 class _Handle:

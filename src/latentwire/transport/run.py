@@ -115,19 +115,31 @@ def fanin_answer(node, spec, question: str, *packed):
 
 def reader_plan(node, spec, document: str, question: str) -> dict:
     """On a reader's node, before it reads: its Geometry (what a latent map or translator is checked against),
-    its model name and the length of the prompt it will read (what bounds its translated message)."""
-    agent = node.agent
-    (prompt,) = node.protocol(*spec).check_senders([agent], [document], question)
+    its model name and the length of the prompt it will read (what bounds its message); its read (and a
+    re-encoding re-read) fit its own window."""
+    from ..protocols.cacheback import CacheBack
+
+    agent, p = node.agent, node.protocol(*spec)
+    (prompt,) = p.check_senders([agent], [document], question)
+    if isinstance(p, CacheBack):
+        p.check_reread(agent, f"sender {node.name!r}", prompt, question)
     return {"geometry": agent.geometry, "model": agent.model_name, "prompt": prompt}
 
 
 def check_readers(node, spec, plans: list[dict], question: str) -> None:
-    """On the receiver's node, before any reader reads: the protocol's latent map or translator fits every reader
-    and it, and ("translated") the largest message the readers' budgets allow fits its window."""
+    """On the receiver's node, before any reader reads: cacheback_x's latent map or translator fits every reader
+    and it, and ("translated") the largest message the readers' budgets allow fits its window; cacheback and
+    fullkv: the largest message the readers' budgets allow, with the question and answer, fits its window."""
+    from ..protocols.cacheback_x import CacheBackX
+
     p = node.protocol(*spec)
+    prompts = [x["prompt"] for x in plans]
+    if not isinstance(p, CacheBackX):
+        p.check_receiver_window(prompts, node.agent, question)
+        return
     p.check_map([x["geometry"] for x in plans], node.agent)
     if p.delivery == "translated":
-        p.check_translated_window([x["model"] for x in plans], [x["prompt"] for x in plans], node.agent, question)
+        p.check_translated_window([x["model"] for x in plans], prompts, node.agent, question)
 
 
 def fullkv_send(node, spec, document: str, question: str):
@@ -228,7 +240,10 @@ def run_protocol(transport: Transport, protocol: Protocol | tuple[str, dict], se
     if isinstance(protocol, CacheBackChain):
         out = _run_chain(transport, spec, senders, documents, receiver, question, after_dispatch)
     elif isinstance(protocol, (CacheBack, FullKV)):
-        if isinstance(protocol, CacheBackX) and protocol.delivery in ("spans+latent", "translated"):
+        if isinstance(protocol, CacheBackX):
+            if protocol.delivery in ("spans+latent", "translated"):  # spans: re-tokenised text, known only when sent
+                _check_readers_first(transport, spec, senders, documents, receiver, question, on_lost)
+        elif not isinstance(protocol, Merge):  # a merge's size depends on what it absorbs: known when it renders
             _check_readers_first(transport, spec, senders, documents, receiver, question, on_lost)
         kind = "merge" if isinstance(protocol, Merge) else "cacheback" if isinstance(protocol, CacheBack) else "fullkv"
         send, answer = {"cacheback": (cacheback_send, fanin_answer), "merge": (merge_think, merge_judge),
@@ -252,8 +267,8 @@ def check_runner(protocol) -> None:
 
 
 def _check_readers_first(t: Transport, spec, senders, documents, receiver, question, on_lost) -> None:
-    """A latent map or translator of another pair, or a translated message too long for the receiver, is refused
-    before any reader reads: every reader's plan (`reader_plan`, asked of all at once; a lost reader is left out
+    """A latent map or translator of another pair, or a message too long for a reader or the receiver, is refused
+    (ContextOverflowError, as the protocol's own run refuses it) before any reader reads: every reader's plan (`reader_plan`, asked of all at once; a lost reader is left out
     under on_lost="skip", as the fan-in will leave it out), checked on the receiver, where the map lives."""
     handles = []
     for s, d in zip(senders, documents):
@@ -326,12 +341,12 @@ def _run_fanin(t: Transport, spec, kind, send, answer, senders, documents, recei
         details |= {"slots": got["slots"], "digest": got["digest"], "fragments": got["fragments"],
                     "render_s": got["render_s"], "latent_steps": spec[1]["latent_steps"]}
         receiver_s = got["seconds"] + got["render_s"]
-        kept = tuple(((0, len(d)),) for d in documents)
+        kept = tuple(() if i is None else ((0, len(d)),) for i, d in zip(infos, documents))  # a lost sender: none
     else:
         nbytes = sum(i["nbytes"] for i in live)
         details |= {"latent_steps": spec[1]["latent_steps"]}
         receiver_s = got["seconds"] + got["unpack_s"]
-        kept = tuple(((0, len(d)),) for d in documents)
+        kept = tuple(() if i is None else ((0, len(d)),) for i, d in zip(infos, documents))
     return Outcome(spec[0], got["answer"], nbytes, got["context"], tuple(i["seconds"] for i in live), receiver_s,
                    details, kept_spans=kept)
 

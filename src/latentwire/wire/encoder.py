@@ -132,8 +132,8 @@ def _tensors(obj, kind: str) -> dict[str, torch.Tensor]:
         return out
     if kind in ("spans", "spans_latent"):
         out = {"text": _utf8(obj.text, "tensors.text"),
-               "spans": torch.tensor(obj.spans, dtype=torch.int64).reshape(-1, 2),
-               "document": torch.tensor([obj.document], dtype=torch.int64)}  # host tensors, like the text
+               "spans": torch.tensor(obj.spans, dtype=torch.int64, device="cpu").reshape(-1, 2),
+               "document": torch.tensor([obj.document], dtype=torch.int64, device="cpu")}  # host, like the text
         return out | ({"latents": obj.latents} if kind == "spans_latent" else {})
     if kind == "text":
         return {kind: _utf8(obj, "tensors.text")}
