@@ -197,7 +197,8 @@ def test_longbench_v2_load():
         assert all(f"({x}) {rec['choice_' + x]}" in ep.question for x in "ABCD")
         assert ep.answers == [rec["answer"], rec["choice_" + rec["answer"]]]
         assert ep.evidence == ()
-        assert ep.meta == {k: rec[k] for k in ("domain", "sub_domain", "difficulty", "length")}
+        assert ep.meta == {k: rec[k] for k in ("domain", "sub_domain", "difficulty", "length")} | {
+            "answer_match": "choice"}
     assert eps[0].contexts[1].startswith("Segment review.")  # paragraph breaks preferred
 
 
@@ -347,3 +348,20 @@ def test_a_record_that_could_never_score_is_skipped_and_counted_not_the_whole_fi
         load_dataset(name, bad, skip_unscorable=False, **kw)
     assert str(err.value).startswith(f"{bad}{where}episode ") and "no answer could score" in str(err.value)
     assert isinstance(err.value, TaskFormatError)
+
+
+def test_multiple_choice_scores_the_chosen_letter():
+    """Gold [letter, text]: the letter a reply chooses scores (A is not dropped as an article, a B inside "not B"
+    or "vitamin D" is not a choice); a reply naming no letter is matched on the choice's text."""
+    from latentwire.bench.metrics import answer_scores, chosen_letter
+
+    acc = lambda reply, gold: answer_scores(reply, gold, "choice")["accuracy"]  # noqa: E731
+    assert acc("(A)", ["A", "Paris"]) == acc("The answer is A.", ["A", "Paris"]) == acc("**A**", ["A", "x"]) == 1
+    assert acc("The answer is (A), not B.", ["B", "Rome"]) == 0 and acc("Take vitamin D.", ["D", "x"]) == 0
+    assert acc("It is Paris.", ["A", "Paris"]) == 1 and acc("It is Rome.", ["A", "Paris"]) == 0
+    assert chosen_letter("C. Because it is") == "C" and chosen_letter("A cat sat") is None
+    eps = load_dataset("longbench_v2", LONGBENCH, n_agents=3)
+    assert all(ep.answer_match == "choice" for ep in eps)
+    with pytest.raises(ValueError, match="letter"):
+        answer_scores("A", ["Paris"], "choice")
+

@@ -11,6 +11,11 @@ Code answers (`match="code"`: the `code` task's values, operators and literals) 
 where SQuAD normalisation would make `-1` equal `1` and `a // b` equal `a / b`: a gold value matches as its
 tokens in order, whitespace free between them (`_code_pattern`), standing alone (`_edges_ok`: `1` is not
 found in `-1`, `1.0` or `10`, `/` not in `//`), a string literal in either quote style.
+
+Multiple-choice answers (`match="choice"`: gold aliases [letter, that choice's text], e.g. LongBench v2) score
+the letter the prediction chooses (`chosen_letter`: "The answer is (B)", "B.", "(B)"), never a letter that
+merely occurs ("vitamin D", "not B"); a prediction that names no letter is matched on the choice's text. SQuAD
+normalisation would drop the letter A as an article and find B anywhere.
 """
 from __future__ import annotations
 
@@ -23,7 +28,12 @@ import unicodedata
 from collections import Counter
 from typing import Iterable, Sequence
 
-MATCHES = ("text", "code")  # how a prediction is matched against gold aliases
+MATCHES = ("text", "code", "choice")  # how a prediction is matched against gold aliases
+# The letter a multiple-choice answer chooses: after "answer/option/choice (is)", in brackets, or standing alone at the
+# start of a line ("B.", "**B**"); the first such mention wins.
+_CHOICE = re.compile(r"(?i:answer|option|choice)(?:\s+is)?\s*[:\-]?\s*\(?([A-J])\)?(?![\w'])"
+                     r"|\(([A-J])\)"
+                     r"|^\W*?([A-J])(?:[.):\]*]|\s*$)", re.M)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _DASHES = re.compile(r"[-\u2010-\u2015\u2212]")
 _DECIMAL = re.compile(r"(?<=\d)\.(?=\d)")
@@ -119,9 +129,27 @@ def _bare(prediction: str) -> str:
     return prediction.strip().removesuffix(".").strip().strip("`").strip()
 
 
+def chosen_letter(prediction: str) -> str | None:
+    """The letter (A-J) a multiple-choice prediction chooses, or None when it names none (see `_CHOICE`)."""
+    m = _CHOICE.search(prediction)
+    return None if m is None else next(g for g in m.groups() if g)
+
+
+def _choice_scores(prediction: str, answers: Sequence[str]) -> dict[str, float]:
+    """[letter, choice text]: the chosen letter must be the gold one; with no letter, the choice's text."""
+    letter = chosen_letter(prediction)
+    if letter is not None:
+        hit = float(letter == answers[0])
+    else:
+        hit = contains(prediction, answers[1:]) if len(answers) > 1 else 0.0
+    return {"em": hit, "f1": hit, "accuracy": hit, "strict": hit}
+
+
 def scorable(alias: str, match: str = "text") -> bool:
     """Whether an alias can ever be matched: one that normalises to nothing (only punctuation or articles as
-    text) never scores."""
+    text) never scores; a choice's letter always can."""
+    if match == "choice":
+        return bool(alias.strip())
     return bool(code_normalize(alias) if match == "code" else normalize(alias))
 
 
@@ -168,6 +196,10 @@ def answer_scores(prediction: str, answers: list | dict, match: str = "text") ->
     (normalised words) or "code" (case, operators and literals kept)."""
     if match not in MATCHES:
         raise ValueError(f"match: want one of {', '.join(MATCHES)}, got {match!r}")
+    if match == "choice":
+        if isinstance(answers, dict) or not answers or not re.fullmatch(r"[A-J]", answers[0]):
+            raise ValueError(f"match='choice' wants answers [letter A-J, choice text], got {answers!r}")
+        return _choice_scores(prediction, answers)
     if isinstance(answers, dict):  # multi-part: each part scored on the whole prediction, averaged
         parts = [contains(prediction, aliases, match) for aliases in answers.values()]
         return {"em": None, "f1": sum(f1(prediction, a, match) for a in answers.values()) / len(answers),

@@ -10,7 +10,8 @@ there is one, else after a line break, else after any whitespace, nearest the id
 no whitespace that close, mid-word at the ideal position). Chunks are exact slices, each ending with the
 whitespace before the next, so "".join(contexts) == context. The question text is the question followed
 by the four choices as "(A) ..." lines. answers: [letter, text of that choice]; evidence: none
-(LongBench v2 marks no spans); meta: {domain, sub_domain, difficulty, length}.
+(LongBench v2 marks no spans); meta: {domain, sub_domain, difficulty, length, answer_match: "choice"} (the
+letter a reply chooses is scored: `metrics.chosen_letter`).
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def _episode(rec: Record, ids: UniqueIds, n_agents: int) -> Episode:
     d = rec.data
     ep_id = ids.add(rec, rec.get(d, "_id", "str", nonempty=True), "_id")
     meta = {k: rec.get(d, k, "str") for k in ("domain", "sub_domain", "difficulty", "length")}
+    meta["answer_match"] = "choice"  # the chosen letter is scored, not any letter the reply contains
     question = rec.get(d, "question", "str", nonempty=True).strip()
     choices = {x: rec.get(d, f"choice_{x}", "str", nonempty=True).strip() for x in LETTERS}
     answer = rec.get(d, "answer", "str").strip()
