@@ -9,6 +9,8 @@ from transformers.cache_utils import DynamicCache
 from latentwire.agent import Agent
 from latentwire.models import tiny_model, tiny_tokenizer
 from latentwire.select import SELECTORS, always_kept, fanin_budget, get_selector, select_rows
+from latentwire.errors import ConfigError
+from latentwire.select import presses
 from latentwire.select.presses import PressUnsupportedError, _kv, chunk_row_scores, kvzip_scores, recording_press
 from latentwire.models.compat import cache_arg
 
@@ -115,8 +117,18 @@ def test_chunkkv_over_knorm_and_invalid_fields(finished):
     bad = [("snapkv", {"window_size": 0}), ("snapkv", {"kernel_size": 4}), ("chunkkv", {"scorer": "h2o"}),
            ("chunkkv", {"chunk_length": 0}), ("kvzip", {"chunk_size": 0}), ("kvzip", {"plus": "yes"})]
     for name, kw in bad:
-        with pytest.raises(ValueError):
+        with pytest.raises(ConfigError):
             get_selector(name, **kw)
+    with pytest.raises(ConfigError, match="window_size"):  # built directly too, not only by name
+        presses.SnapKVSelector(window_size=0)
+
+
+def test_the_uncharged_rerun_is_never_negative():
+    """KVzip scores the finished cache (no re-run: last_seconds 0, its passes its cost): subtracting
+    last_seconds - last_press_seconds charged its passes twice."""
+    assert presses.rerun_seconds(SimpleNamespace(last_seconds=0.0, last_press_seconds=2.0)) == 0.0
+    assert presses.rerun_seconds(SimpleNamespace(last_seconds=5.0, last_press_seconds=2.0)) == 3.0
+    assert presses.rerun_seconds(object()) == 0.0
 
 
 def test_sliding_layers_hold_only_their_window_during_the_hook():

@@ -89,8 +89,14 @@ def test_text_at_cacheback_size_budgets_each_report_by_its_document(models, toke
     want = [math.ceil(len(s.chat_ids(SENDER_PROMPT.format(document=d))) / 4) for s, d in zip(senders, DOCS)]
     assert out.details["report_budgets"] == want
     assert all(0 < used <= b for used, b in zip(out.details["report_tokens"], want))
-    with pytest.raises(ValueError):
-        Text(ratio=0.5)
+    from latentwire.errors import ConfigError
+    from latentwire.select import fanin_budget
+
+    for bad in (0.5, float("nan"), float("inf")):  # NaN was an untyped ValueError inside check_window; inf a 0 budget
+        with pytest.raises(ConfigError, match="finite number"):
+            Text(ratio=bad)
+    T = len(senders[0].chat_ids(SENDER_PROMPT.format(document=DOCS[0])))
+    assert Text(ratio=1.4).report_budget(senders[0], DOCS[0]) == fanin_budget(T, 1.4)  # exact, as CacheBack's
 
 
 def test_text_report_kinds(agents):

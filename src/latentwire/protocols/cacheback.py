@@ -24,6 +24,7 @@ from ..message import Rows
 from ..select import (SELECTORS, SPAN, TextSelector, always_kept, check_sentence_options, context_rows,
                       fanin_budget, mass_budget, fused_row_scores, get_selector, select_rows, span_units,
                       sentence_groups, unit_ranks, unit_row_scores)
+from ..select.presses import rerun_seconds
 from ..state import KVState
 from .calibration import GENERIC_QUESTION, calibrate, masked_question
 from .base import after_first, QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, sender_prompt_lengths
@@ -470,9 +471,7 @@ class CacheBack(Protocol):
         part = self.pack(sender, state, rows, per_row, document, index)
         # Press baselines re-run the prefill to record scores a deployed sender records while reading:
         # that re-run is not charged, the scoring inside it is.
-        scored_by = self.selector_for(per_row)
-        rerun = getattr(scored_by, "last_seconds", 0.0) - getattr(scored_by, "last_press_seconds", 0.0)
-        t2 = time.perf_counter() - rerun
+        t2 = time.perf_counter() - rerun_seconds(self.selector_for(per_row))
         doc_rows = sum(1 for x in rows.tolist() if x < len(per_row) and per_row[x] is not None)
         timing = {"read_s": r.seconds + background_s, "background_s": background_s, "select_s": t2 - t1,
                   "rows": len(state), "sent": len(rows), "sent_document_rows": doc_rows,

@@ -20,6 +20,7 @@ from ..errors import ConfigError, UnknownNameError
 from ..message import Rows
 from ..select import (TextSelector, always_kept, fanin_budget, fixed_chain_budget, relative_chain_budget,
                       select_rows)
+from ..select.presses import rerun_seconds
 from .base import SENDER_PROMPT, Outcome, register
 from .cacheback import KV_ENCODINGS, CacheBack
 from .documents import document_rows, token_document_spans
@@ -76,8 +77,7 @@ class CacheBackChain(CacheBack):
         scores = self.scores(sender, state, question)  # calibrated and probed as a fan-in sender's
         rows = select_rows(scores, budget, keep, self.span, eligible)
         out = sender.rows(state.select(rows))
-        t2 = time.perf_counter() - (getattr(self._selector, "last_seconds", 0.0)
-                                    - getattr(self._selector, "last_press_seconds", 0.0))
+        t2 = time.perf_counter() - rerun_seconds(self._selector)
         info = {"read_s": t1 - t0, "select_s": t2 - t1, "rows": len(state), "budget": budget, "sent": len(rows),
                 "shared_read": message is None and r.shared}
         return out, [row_origin[r] if r < len(row_origin) else None for r in rows.tolist()], info

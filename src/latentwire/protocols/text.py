@@ -22,6 +22,7 @@ from typing import Sequence
 
 from ..agent import Agent
 from ..errors import ConfigError, UnknownNameError
+from ..select import fanin_budget
 from .base import after_first, SENDER_PROMPT, Outcome, Protocol, register
 from .reads import report, report_after
 
@@ -56,8 +57,8 @@ class Text(Protocol):
         super().__post_init__()
         if self.max_report_tokens < 1:
             raise ConfigError(f"max_report_tokens must be ≥ 1, got {self.max_report_tokens}")
-        if self.ratio is not None and self.ratio < 1:
-            raise ConfigError(f"ratio must be ≥ 1, got {self.ratio}")
+        if self.ratio is not None and not (1 <= self.ratio < math.inf):  # NaN fails it too
+            raise ConfigError(f"ratio must be a finite number ≥ 1, got {self.ratio}")
         if self.report not in REPORT_PROMPTS:
             raise UnknownNameError("report kind", self.report, REPORT_PROMPTS)
         if self.read not in READS:
@@ -66,7 +67,7 @@ class Text(Protocol):
     def report_budget(self, sender: Agent, document: str) -> int:
         if self.ratio is None:
             return self.max_report_tokens
-        return math.ceil(len(sender.chat_ids(SENDER_PROMPT.format(document=document))) / self.ratio)
+        return fanin_budget(len(sender.chat_ids(SENDER_PROMPT.format(document=document))), self.ratio)  # as CacheBack
 
     def check_window(self, senders: Sequence[Agent], documents: Sequence[str], question: str) -> None:
         """ContextOverflowError, before any sender reads, unless each sender's report fits its window: its prompt

@@ -169,11 +169,18 @@ class PressSelector(Selector):
         return _with_latents(state, scores)
 
 
+def rerun_seconds(selector) -> float:
+    """The part of `selector`'s last `score` a benchmark must not charge a sender: the recording re-run of its
+    prefill less the scoring inside it (`last_seconds - last_press_seconds`); 0 for selectors that record no
+    re-run (KVzip scores the state's own cache: its passes are its cost) or keep no timing at all."""
+    return max(0.0, getattr(selector, "last_seconds", 0.0) - getattr(selector, "last_press_seconds", 0.0))
+
+
 def _check_snapkv(window_size: int, kernel_size: int) -> None:
     if window_size < 1:
-        raise ValueError(f"window_size must be ≥ 1, got {window_size}")
+        raise ConfigError(f"window_size must be ≥ 1, got {window_size}")
     if kernel_size < 1 or kernel_size % 2 == 0:
-        raise ValueError(f"kernel_size must be a positive odd number (pooling keeps the length), got {kernel_size}")
+        raise ConfigError(f"kernel_size must be a positive odd number (pooling keeps the length), got {kernel_size}")
 
 
 def _snapkv_window(window_size: int, n_tokens: int) -> int:
