@@ -39,8 +39,8 @@ from latentwire.bench.metrics import bootstrap_ci, evidence_recall, paired_boots
 from latentwire.bench.report import complete_episodes, compare, read_run, verdict, with_holm, write_report  # noqa: E402
 from latentwire.bench.report import PAIRING_NOTE, VERDICT_HEADER, holm_note, mixed_note  # noqa: E402
 from latentwire.bench.episode import jsonl_lines  # noqa: E402
-from latentwire.bench.folder import (check_resume, drop_cut_lines, finished, hardware, replace_text, run_lock,  # noqa: E402
-                                     write_config)
+from latentwire.bench.folder import (check_episodes, check_resume, drop_cut_lines, episode_hashes,  # noqa: E402
+                                     finished, hardware, replace_text, run_lock, write_config)
 from latentwire.bench.runner import RunConfig, run_episode  # noqa: E402
 from latentwire.protocols import get_protocol  # noqa: E402
 from latentwire.protocols.reads import shared_reads  # noqa: E402
@@ -186,7 +186,10 @@ def run_cell(agent: Agent, folder: Path, episodes: list, model: str, recall: boo
     done = finished(rec_path, "episode")
     want = {f"{CONTRASTIVE}/sentence/8"}  # a row written before a selector was added is recomputed
     recalled = {r["episode"] for r in read_recall(recall_path, repair=True) if want <= set(r["recall"])}
-    run_id = write_config(cfg_path, first, resolved, {"episodes": [e.id for e in episodes]})["run"]
+    hashes = episode_hashes(episodes)
+    check_episodes(first, hashes, folder)
+    run_id = write_config(cfg_path, first, resolved, {"episodes": [e.id for e in episodes],
+                                                      "episode_sha256": hashes})["run"]
     with rec_path.open("a", encoding="utf-8") as f, recall_path.open("a", encoding="utf-8") as g:
         for i, ep in enumerate(episodes[:upto]):
             with shared_reads():

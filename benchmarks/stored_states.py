@@ -50,7 +50,8 @@ from latentwire.bench.metrics import bootstrap_ci  # noqa: E402
 from latentwire.bench.report import cluster_means, compare, read_run, verdict, with_holm, write_report  # noqa: E402
 from latentwire.bench.report import CLUSTER_NOTE, PAIRING_NOTE, VERDICT_HEADER, holm_note, mixed_note  # noqa: E402
 from latentwire.bench.episode import load_episodes  # noqa: E402
-from latentwire.bench.folder import check_resume, drop_cut_lines, finished, run_lock, write_config  # noqa: E402
+from latentwire.bench.folder import (check_episodes, check_resume, drop_cut_lines, episode_hashes,  # noqa: E402
+                                     finished, run_lock, write_config)
 from latentwire.bench.runner import RunConfig, run_episode  # noqa: E402
 from latentwire.bench.tasks import aggregate, facts  # noqa: E402
 from latentwire.protocols import get_protocol  # noqa: E402
@@ -127,7 +128,10 @@ def run_cell(agent: Agent, folder: Path, groups: list[list], model: str, protoco
     built = {label: get_protocol(spec["name"], **spec["params"]) for label, spec in resolved["protocols"].items()}
     drop_cut_lines(rec_path)
     done = finished(rec_path, "episode")
-    run_id = write_config(cfg_path, first, resolved, {"episodes": [e.id for g in groups for e in g]})["run"]
+    hashes = episode_hashes([e for g in groups for e in g])
+    check_episodes(first, hashes, folder)
+    run_id = write_config(cfg_path, first, resolved, {"episodes": [e.id for g in groups for e in g],
+                                                      "episode_sha256": hashes})["run"]
     with rec_path.open("a", encoding="utf-8") as f:
         for i, group in enumerate(groups[:upto]):
             held = HeldReads()

@@ -192,6 +192,23 @@ def test_resume_drops_a_line_cut_short_and_refuses_another_n(tiny_task, tmp_path
     assert first != resumed and [r["run"] for r in again] == [first, first, resumed]
     with pytest.raises(ConfigError):
         run(RunConfig(str(tiny_task), "alone(max_new_tokens=1)", "llama", n=2), out, progress=False, agent=agent)
+    assert sorted(cfgd["episode_sha256"]) == ["e0", "e1", "e2"]
+    task_text = tiny_task.read_text()
+    tiny_task.write_text(task_text.replace('"answers": ["', '"answers": ["fixed alias", "', 1))  # a gold fixed
+    with pytest.raises(ConfigError, match=r"episodes e0 \(1 in all\) had other content"):  # not scored on the old
+        run(RunConfig(str(tiny_task), "alone(max_new_tokens=1),alone(max_new_tokens=2)", "llama"), out,
+            progress=False, agent=agent)
+    tiny_task.write_text(task_text)
+    del cfgd["episode_sha256"]  # a folder written before the hashes: gains them
+    (out / "config.json").write_text(json.dumps(cfgd))
+    run(cfg, out, progress=False, agent=agent)
+    assert sorted(json.loads((out / "config.json").read_text())["episode_sha256"]) == ["e0", "e1", "e2"]
+    stray = json.loads((out / "records.jsonl").read_text().splitlines()[0]) | {"episode": "e-old"}
+    with (out / "records.jsonl").open("a") as f:  # a record of an episode the run's selection no longer holds
+        f.write(json.dumps(stray) + "\n")
+    assert {r["episode"] for r in read_run(out)[1]} == {"e0", "e1", "e2"}
+    (out / "records.jsonl").write_text("".join(line + "\n" for line in (out / "records.jsonl").read_text()
+                                               .splitlines() if "e-old" not in line))
     good = (out / "records.jsonl").read_text()
     torn = good.replace("\n", "\n{torn\n", 1)  # a bad line mid-file is not a crash's cut last line: refused, kept
     (out / "records.jsonl").write_text(torn)

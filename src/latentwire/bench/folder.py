@@ -11,6 +11,7 @@ written (`finished`), so a resumed run skips them. `environment()` is what every
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -161,6 +162,25 @@ def check_resume(cfg_path: Path, resolved: dict, keys: tuple[str, ...], rec_path
     return first
 
 
+def episode_hashes(episodes) -> dict[str, str]:
+    """Each episode's content hash (SHA-256 of `Episode.to_json`, 16 hex digits), by id: what `check_episodes`
+    compares when a run resumes."""
+    return {ep.id: hashlib.sha256(ep.to_json().encode("utf-8")).hexdigest()[:16] for ep in episodes}
+
+
+def check_episodes(first: dict | None, hashes: dict[str, str], folder: Path) -> None:
+    """ConfigError when an episode id the folder's run covered (`episode_sha256` in its config.json) now has other
+    content: a gold alias fixed in the task file or a regenerated task would leave its records scored against the
+    old episode, mixed with new ones. Episodes the run did not cover yet (a study grown to more) are fine; a
+    folder written before the hashes were kept gains them on this resume."""
+    there = (first or {}).get("episode_sha256") or {}
+    if changed := sorted(i for i in hashes.keys() & there.keys() if hashes[i] != there[i]):
+        raise ConfigError(f"{folder} holds a run whose episodes {', '.join(changed[:5])}"
+                          f"{' …' if len(changed) > 5 else ''} ({len(changed)} in all) had other content (a task file "
+                          "edited or regenerated since); their records would be scored against the old ones: use a "
+                          "new --out")
+
+
 def write_config(cfg_path: Path, first: dict | None, resolved: dict, listing: dict) -> dict:
     """config.json: the resolved config and environment; resuming keeps the first run's environment and protocol
     entries, logs each resume's and adds new protocols (an entry written before entries held every parameter gains
@@ -179,6 +199,8 @@ def write_config(cfg_path: Path, first: dict | None, resolved: dict, listing: di
             kept[label] = (spec | {"parameters": full, "parameters_since": env["run"]}
                            if "parameters" not in spec and full is not None else spec)
         record["config"]["protocols"] = kept | {label: spec for label, spec in now.items() if label not in had}
+        if "episode_sha256" in listing:  # every episode ever covered keeps its hash (a shorter resume drops none)
+            listing = listing | {"episode_sha256": first.get("episode_sha256", {}) | listing["episode_sha256"]}
     replace_text(cfg_path, json.dumps(record | listing, indent=2) + "\n")
     return env
 

@@ -35,7 +35,8 @@ COLUMNS = [  # (record field, header, format)
 
 def read_run(run_dir: str | Path) -> tuple[dict, list[dict]]:
     """(config, records) of a run folder. A last line without its newline that does not parse is a record still
-    being written (a run in progress) or cut short by a crash: left out, so a running benchmark can be reported on."""
+    being written (a run in progress) or cut short by a crash: left out, so a running benchmark can be reported on.
+    Where config.json lists the run's episodes, records of other episodes (an earlier selection's) are left out."""
     run_dir = Path(run_dir)
     try:
         config = json.loads((run_dir / "config.json").read_text())
@@ -48,6 +49,9 @@ def read_run(run_dir: str | Path) -> tuple[dict, list[dict]]:
         raise LatentWireError(f"{run_dir} is not a readable run folder ({e})") from e
     if (bad := next((n for n, r in enumerate(records, 1) if not isinstance(r, dict)), None)) is not None:
         raise LatentWireError(f"{run_dir} is not a readable run folder (records.jsonl line {bad} is not a record)")
+    if isinstance(listed := config.get("episodes"), list):  # the run's episodes: a record of one the selection
+        keep = set(listed)  # dropped since (the task file grew and the seeded sample moved) is not counted
+        records = [r for r in records if r.get("episode") in keep]
     for r in records:
         r["sender_max"] = max(r["sender_seconds"], default=0.0) if r.get("error") is None else None
     return config, records

@@ -27,7 +27,7 @@ from ..placement import dtype_name, resolve
 from ..protocols import Outcome, Protocol, get_protocol
 from ..protocols.reads import shared_reads
 from .episode import Episode, load_episodes, span_token_positions
-from .folder import open_run, write_config
+from .folder import check_episodes, episode_hashes, open_run, write_config
 from .metrics import answer_scores, evidence_recall
 
 _SPEC = re.compile(r"^\s*([\w.-]+)\s*(?:\((.*)\))?\s*$", re.DOTALL)
@@ -226,13 +226,16 @@ def run(config: RunConfig, out_dir: str | Path, progress: bool = True, agent: Ag
     if not episodes:
         raise ConfigError(f"no episode of task {config.task!r} matches the filters {config.filters}")
     keys = ("task", "model", "n", "seed", "filters", "device", "dtype")
+    hashes = episode_hashes(episodes)
     with open_run(out_dir, cfg_path, rec_path, resolved, keys, "episode") as (first, done):
+        check_episodes(first, hashes, out_dir)
         todo = [e for e in episodes if any((e.id, label) not in done for label in protocols)]
         if todo and agent is None:
             agent = Agent.from_pretrained(config.model, device=resolved["device"], dtype=resolved["dtype"])
         if progress:
             print(describe_protocols(protocols), flush=True)
-        run_id = write_config(cfg_path, first, resolved, {"episodes": [e.id for e in episodes]})["run"]
+        run_id = write_config(cfg_path, first, resolved, {"episodes": [e.id for e in episodes],
+                                                          "episode_sha256": hashes})["run"]
         with rec_path.open("a", encoding="utf-8") as f:
             # Episode by episode: inside one episode every protocol shares each sender's read (`shared_reads`).
             for ep in tqdm(todo, desc=f"{len(protocols)} protocols", disable=not progress):
