@@ -82,6 +82,11 @@ class StateFormatError(LatentWireError, ValueError):
     """A serialised state (or a cache) is malformed; the message names the field."""
 
 
+class CheckpointError(StateFormatError):
+    """A saved translator or latent map cannot be loaded (missing, malformed, other weights): every episode or
+    pair that needs it would fail alike, so a benchmark stops on it instead of recording each as a failure."""
+
+
 class ContextOverflowError(LatentWireError):
     """A request would exceed the receiver's context window; raised before any compute."""
 

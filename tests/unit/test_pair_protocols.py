@@ -115,6 +115,20 @@ def test_translator_for_another_pair_is_refused(pair, agent_for, ckpt):
     assert rec["error"].startswith("GeometryMismatchError") and rec["accuracy"] == 0 and rec["tteoa"] is None
 
 
+def test_a_broken_checkpoint_stops_the_run_instead_of_failing_every_pair(pair, agent_for, ckpt):
+    """A checkpoint whose weights are gone would fail every pair alike: CheckpointError is raised, not recorded as
+    one failed pair after another (records a resume would then never rerun)."""
+    import os
+
+    from latentwire.errors import CheckpointError
+
+    folder = ckpt("xkv", sharer=SHARER)
+    os.remove(os.path.join(folder, "translator.safetensors"))
+    with pytest.raises(CheckpointError, match="cannot be read"):
+        p = get_pair_protocol("translated", checkpoint=folder, max_new_tokens=2)
+        run_pair(p, "translated", pair, agent_for(SHARER), agent_for(RECEIVER))
+
+
 def test_registry_and_parameter_errors(ckpt, tmp_path):
     assert set(PAIR_PROTOCOLS) == {"alone", "t2t", "fullcontext", "translated"}
     with pytest.raises(UnknownNameError, match="alone, fullcontext, t2t, translated"):

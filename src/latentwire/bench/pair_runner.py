@@ -21,7 +21,8 @@ from ..protocols.pair import PairProtocol, get_pair_protocol
 from .metrics import answer_scores
 from .episode import jsonl_lines
 from .folder import open_run, write_config
-from .runner import describe_protocols, memory_usage, parse_protocols, placement_record, protocol_record
+from .runner import (UNRECOVERABLE, describe_protocols, memory_usage, parse_protocols, placement_record,
+                     protocol_record)
 from .tasks.pairs import Pair, pairs
 
 RECORDS, CONFIG = "records.jsonl", "config.json"
@@ -72,6 +73,8 @@ def run_pair(protocol: PairProtocol, label: str, pair: Pair, sharer: Agent, rece
     try:
         out = protocol.run(sharer, receiver, pair.sharer_doc, pair.receiver_doc, pair.question)
         rec = base | _scored(out, pair)
+    except UNRECOVERABLE:  # a missing model or extra, a broken translator checkpoint: every pair would fail alike
+        raise
     except LatentWireError as e:
         rec = base | {"answer": "", **answer_scores("", list(pair.answers)), "tteoa": None, "ttft": None,
                       "sender_seconds": [],

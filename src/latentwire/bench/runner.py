@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from ..agent import Agent
-from ..errors import ConfigError, LatentWireError, MissingExtraError, ModelNotFoundError
+from ..errors import CheckpointError, ConfigError, LatentWireError, MissingExtraError, ModelNotFoundError
 from ..message import merge_spans
 from ..placement import dtype_name, resolve
 from ..protocols import Outcome, Protocol, get_protocol
@@ -262,12 +262,15 @@ def describe_protocols(protocols: dict) -> str:
     return "\n".join(lines)
 
 
+UNRECOVERABLE = (ModelNotFoundError, MissingExtraError, CheckpointError)  # raised, not recorded: every one would fail
+
+
 def run_episode(protocol: Protocol, label: str, ep: Episode, agent: Agent) -> dict:
     """One record. A typed error (context overflow, geometry...) is recorded, scored 0, and the run goes on."""
     try:
         out = protocol.run([agent] * len(ep.contexts), list(ep.contexts), agent, ep.question)
         rec = score(ep, label, out, agent.tokenizer)
-    except (ModelNotFoundError, MissingExtraError):  # the machine lacks a model or an extra: no episode can run
+    except UNRECOVERABLE:  # the machine lacks a model or an extra, or a checkpoint is broken: no episode can run
         raise
     except LatentWireError as e:
         rec = {"episode": ep.id, "protocol": label, "answer": "", **answer_scores("", ep.answers, ep.answer_match),

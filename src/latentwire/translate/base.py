@@ -25,7 +25,7 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from ..errors import GeometryMismatchError, StateFormatError
+from ..errors import CheckpointError, GeometryMismatchError, StateFormatError
 from ..registry import Registry, construct
 from ..state import Geometry, KVState, LayerKV, check_format
 
@@ -124,10 +124,13 @@ def read_header(folder: str | Path) -> dict:
     try:
         header = json.loads(path.read_text())
     except FileNotFoundError as e:
-        raise StateFormatError(f"{path}: no translator checkpoint here (missing {CONFIG})") from e
+        raise CheckpointError(f"{path}: no translator checkpoint here (missing {CONFIG})") from e
     except json.JSONDecodeError as e:
-        raise StateFormatError(f"{path}: not JSON ({e})") from e
-    check_format(header, FORMAT, VERSION)
+        raise CheckpointError(f"{path}: not JSON ({e})") from e
+    try:
+        check_format(header, FORMAT, VERSION)
+    except StateFormatError as e:  # another format or version: unusable here
+        raise CheckpointError(f"{path}: {e}") from e
     return header
 
 
@@ -143,13 +146,16 @@ def load(folder: str | Path, device: torch.device | str | None = None) -> Transl
     try:
         config = cls.Config(**header["config"])
     except (TypeError, ValueError) as e:
-        raise StateFormatError(f"{folder}/{CONFIG}: config: {e}") from e
+        raise CheckpointError(f"{folder}/{CONFIG}: config: {e}") from e
     with torch.device(device) if device is not None else contextlib.nullcontext():
         model = cls(Geometry.from_json(header["sharer"]), Geometry.from_json(header["receiver"]), config)
-    weights = safetensors.torch.load_file(Path(folder) / WEIGHTS)  # host tensors, copied into the parameters
+    try:
+        weights = safetensors.torch.load_file(Path(folder) / WEIGHTS)  # host tensors, copied into the parameters
+    except (OSError, safetensors.SafetensorError) as e:
+        raise CheckpointError(f"{folder}/{WEIGHTS}: cannot be read ({type(e).__name__}: {e})") from e
     missing, unexpected = model.load_state_dict(weights, strict=False)
     if missing or unexpected:
-        raise StateFormatError(f"{folder}/{WEIGHTS}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        raise CheckpointError(f"{folder}/{WEIGHTS}: missing {missing[:5]}, unexpected {unexpected[:5]}")
     return model.eval()
 
 

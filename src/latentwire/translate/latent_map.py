@@ -38,7 +38,7 @@ import torch
 from safetensors import SafetensorError
 
 from ..agent import LATENT_MODES
-from ..errors import ContextOverflowError, GeometryMismatchError, StateFormatError, UnknownNameError
+from ..errors import CheckpointError, ContextOverflowError, GeometryMismatchError, StateFormatError, UnknownNameError
 from ..state import Geometry, check_format
 from .token_alignment import Chat, align
 
@@ -159,10 +159,13 @@ class LatentMap:
         try:
             header = json.loads(path.read_text())
         except (FileNotFoundError, NotADirectoryError) as e:
-            raise StateFormatError(f"{path}: no latent map here (missing {CONFIG})") from e
+            raise CheckpointError(f"{path}: no latent map here (missing {CONFIG})") from e
         except json.JSONDecodeError as e:
-            raise StateFormatError(f"{path}: not JSON ({e})") from e
-        check_format(header, FORMAT, VERSION)
+            raise CheckpointError(f"{path}: not JSON ({e})") from e
+        try:
+            check_format(header, FORMAT, VERSION)
+        except StateFormatError as e:  # another format or version: unusable here
+            raise CheckpointError(f"{path}: {e}") from e
         return header
 
     @classmethod
@@ -176,7 +179,7 @@ class LatentMap:
                       tensors["weight"], tensors["bias"], header["ridge"], header["samples"],
                       header["latent_mode"], header["shift"], header["texts"])
         except (KeyError, TypeError, ValueError, OSError, SafetensorError) as e:
-            raise StateFormatError(f"{folder}: malformed latent map ({type(e).__name__}: {e})") from e
+            raise CheckpointError(f"{folder}: malformed latent map ({type(e).__name__}: {e})") from e
         if expect is not None:
             out.check(*expect)
         return out if device is None else out.to(device)
