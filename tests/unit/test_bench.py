@@ -494,6 +494,20 @@ def test_default_verdict_pairs_and_report_table(tiny_task, tmp_path):
     assert "| `alone(max_new_tokens=2)` | 2 |" in text  # the half-run episode waits: both over the same two
 
 
+def test_a_byte_order_mark_an_unreadable_task_and_an_out_under_a_file_are_typed(tiny_task, tmp_path):
+    """A task file saved with a BOM loads; a folder given as the task, or --out under a file, is a typed error
+    naming the path, not an OSError traceback."""
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + tiny_task.read_bytes())
+    assert [e.id for e in load_episodes(bom)] == [e.id for e in load_episodes(tiny_task)]
+    with pytest.raises(TaskFormatError, match="cannot be read"):
+        load_episodes(tmp_path)
+    agent = Agent(tiny_model("llama"), tiny_tokenizer(), "llama", context_window=1000)
+    with pytest.raises(ConfigError, match="cannot create the folder"):
+        run(RunConfig(str(tiny_task), "alone(max_new_tokens=1)", "llama"), tiny_task / "run", progress=False,
+            agent=agent)
+
+
 def test_bad_arguments_leave_no_run_folder(tiny_task, tmp_path):
     """Model, protocol specs and parameters, task and filters are checked before --out is created."""
     from latentwire import cli

@@ -138,9 +138,11 @@ def load_episodes(path: str | Path) -> list[Episode]:
     """Read a JSONL task file; any bad line raises TaskFormatError naming file, line and field."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (some editors write one) is not JSON
     except UnicodeDecodeError as e:
         raise TaskFormatError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from e
+    except OSError as e:  # missing, unreadable, a folder
+        raise TaskFormatError(f"{path}: cannot be read ({e.strerror or type(e).__name__})") from e
     episodes, seen = [], set()
     for n, line in enumerate(text.split("\n"), 1):  # "\n" only, as `jsonl_lines`: keeps line numbers
         if not line.strip():

@@ -115,7 +115,10 @@ def run_folder(out_dir: Path, *files: Path) -> Iterator[Path]:
     `files`, the records file, is missing or empty), the files and folder this run created are removed again;
     a run refused the lock removes nothing (the files are the other run's)."""
     created = [p for p in (out_dir, *files) if not p.exists()]
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # under a file, read-only, no permission
+        raise ConfigError(f"--out {out_dir}: cannot create the folder ({e.strerror or type(e).__name__})") from e
     held = False
     try:
         with run_lock(out_dir):

@@ -90,11 +90,13 @@ def read_json_list(path: str | Path) -> Iterator[Record]:
     """Records of a file holding one JSON list; each located as `path[index]`."""
     path = Path(path)
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))  # a byte-order mark is not JSON
     except json.JSONDecodeError as e:
         raise TaskFormatError(f"{path}: not JSON ({e.msg} at line {e.lineno} column {e.colno})") from e
     except UnicodeDecodeError as e:
         raise TaskFormatError(f"{path}: not UTF-8 ({e.reason} at byte {e.start})") from e
+    except OSError as e:  # missing, unreadable, a folder
+        raise TaskFormatError(f"{path}: cannot be read ({e.strerror or type(e).__name__})") from e
     if not isinstance(data, list):
         raise TaskFormatError(f"{path}: want a JSON list of records, got {_type_name(data)}")
     for i, rec in enumerate(data):
