@@ -10,13 +10,15 @@ agents and spreads the distractors to balance paragraph counts; `split="round_ro
 agent i % n_agents. Within an agent paragraphs keep their order in `context`, rendered as
 "Title: sentence sentence ..." (each sentence stripped of surrounding whitespace, joined by one space) and
 separated by a blank line. Evidence: one character span per supporting fact, covering exactly that
-(stripped) sentence. answers: [answer]; meta: {type, level}.
+(stripped) sentence; a fact naming a title not in the context, a sentence past its paragraph or an empty one
+is dropped (counted in one SkippedRecordsWarning), its episode kept. answers: [answer]; meta: {type, level}.
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
-from ...errors import UnknownNameError
+from ...errors import SkippedRecordsWarning, UnknownNameError
 from ..episode import Episode, Span
 from ._common import (SPLITS, Record, TextBuilder, UniqueIds, build_episodes, check_n_agents, dedupe, partition,
                       read_json_list)
@@ -32,12 +34,18 @@ def load_hotpotqa(path: str | Path, *, n_agents: int = 2, split: str = "gold_apa
         raise UnknownNameError("split", split, SPLITS)
     if split == "gold_apart" and n_agents < 2:
         raise ValueError("split 'gold_apart' needs n_agents >= 2; use split='round_robin' for one agent")
-    ids = UniqueIds()
-    return build_episodes(path, read_json_list(path), lambda rec: _episode(rec, ids, n_agents, split),
-                          skip_unscorable=skip_unscorable)
+    ids, dropped = UniqueIds(), []
+    out = build_episodes(path, read_json_list(path), lambda rec: _episode(rec, ids, n_agents, split, dropped),
+                         skip_unscorable=skip_unscorable)
+    if dropped:
+        warnings.warn(SkippedRecordsWarning(
+            f"{path}: dropped {len(dropped)} supporting facts that point outside their paragraphs (released "
+            f"HotpotQA files hold a few; their evidence spans are left out, the episodes kept); first: {dropped[0]}"),
+            stacklevel=2)
+    return out
 
 
-def _episode(rec: Record, ids: UniqueIds, n_agents: int, split: str) -> Episode:
+def _episode(rec: Record, ids: UniqueIds, n_agents: int, split: str, dropped: list[str]) -> Episode:
     d = rec.data
     ep_id = ids.add(rec, rec.get(d, "_id", "str", nonempty=True), "_id")
     question = rec.get(d, "question", "str", nonempty=True)
@@ -67,15 +75,18 @@ def _episode(rec: Record, ids: UniqueIds, n_agents: int, split: str) -> Episode:
             rec.fail(field, "want [title, sentence index]")
         title = rec.check(fact[0], f"{field}[0]", "str")
         sent = rec.check(fact[1], f"{field}[1]", "int")
+        where = f"{rec.where}: {field}"
         if title not in index_of:
-            rec.fail(f"{field}[0]", f"title {title!r} is not a paragraph of context")
+            dropped.append(f"{where}[0]: title {title!r} is not a paragraph of context")
+            continue
         p = index_of[title]
         n_sent = len(paragraphs[p][1])
         if not 0 <= sent < n_sent:
-            rec.fail(f"{field}[1]", f"sentence {sent} out of range ({title!r} has {n_sent} sentences)")
-        if not paragraphs[p][1][sent].strip():
-            rec.fail(f"{field}[1]", f"sentence {sent} of {title!r} is empty")
-        facts.append((p, sent))
+            dropped.append(f"{where}[1]: sentence {sent} out of range ({title!r} has {n_sent} sentences)")
+        elif not paragraphs[p][1][sent].strip():
+            dropped.append(f"{where}[1]: sentence {sent} of {title!r} is empty")
+        else:
+            facts.append((p, sent))
     facts = dedupe(facts)
 
     if n_agents > len(paragraphs):
