@@ -393,6 +393,10 @@ def test_text_normalisation_splits_hyphens_drops_unicode_punctuation_and_keeps_d
     assert answer_scores("60 million euros", ["6.0 million euros"])["accuracy"] == 0.0  # was a match: "60"
     assert normalize("It is 3.5.") == "it is 3.5" and normalize("3\x005") != "3.5"  # only a real point survives
     assert answer_scores("It is 35.", ["3.5"])["accuracy"] == 0.0 and answer_scores("3.5", ["3.5"])["em"] == 1.0
+    assert answer_scores("-5", ["5"])["em"] == 0.0 and answer_scores("It fell to −5 degrees.", ["-5"])["accuracy"] == 1
+    assert normalize("1-2 and n-1") == "1 2 and n 1"  # a hyphen between numbers or after a word still splits
+    assert normalize("cafe\u0301 Straße") == normalize("café STRASSE") == "café strasse"  # NFC, case-folded
+    assert normalize("\x00-\x005") == "-5"  # the sign's stand-in cannot come from the text itself
 
 
 def test_code_answers_keep_signs_operators_and_string_literals():

@@ -1,8 +1,10 @@
 """Answer and evidence metrics.
 
-Text answers use SQuAD normalisation (lower case, no punctuation, no articles, single spaces) with three
+Text answers use SQuAD normalisation (lower case, no punctuation, no articles, single spaces) with five
 fixes: hyphens and dashes split words ("hip-hop" = "hip hop"), Unicode punctuation goes as ASCII does
-(“cello” = cello), and a point between digits stays (6.0 ≠ 60). Small models answer in sentences ("The code
+(“cello” = cello), a point between digits stays (6.0 ≠ 60), a minus sign before a number stays (-5 ≠ 5; a
+hyphen between numbers still splits them: "1-2" = "1 2"), and text is NFC-normalised and case-folded (a
+composed "café" = a decomposed one, "Straße" = "STRASSE"). Small models answer in sentences ("The code
 is 7341."), so besides EM/F1 we report `accuracy`: a gold alias occurs in the prediction as a whole-word
 sequence after normalisation. `strict` requires every part of a multi-part answer to be correct (equals
 `accuracy` for single-part answers).
@@ -37,6 +39,8 @@ _CHOICE = re.compile(r"(?i:answer|option|choice)(?:\s+is)?\s*[:\-]?\s*\(?([A-J])
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _DASHES = re.compile(r"[-\u2010-\u2015\u2212]")
 _DECIMAL = re.compile(r"(?<=\d)\.(?=\d)")
+_SIGN = re.compile(r"(?<![\w.])[-\u2212](?=\d)")  # a minus sign: before a number, not after a word or number
+_SIGN_MARK = "\x00"  # stands in for a kept sign while punctuation goes
 
 
 def _drop(c: str) -> bool:
@@ -44,9 +48,10 @@ def _drop(c: str) -> bool:
 
 
 def normalize(text: str) -> str:
-    pieces = _DECIMAL.split(_DASHES.sub(" ", text.lower()))  # a point between digits survives the strip
+    text = _SIGN.sub(_SIGN_MARK, unicodedata.normalize("NFC", text.replace(_SIGN_MARK, "")).casefold())
+    pieces = _DECIMAL.split(_DASHES.sub(" ", text))  # a point between digits survives the strip
     t = ".".join("".join(c for c in piece if not _drop(c)) for piece in pieces)
-    return " ".join(_ARTICLES.sub(" ", t).split())
+    return " ".join(_ARTICLES.sub(" ", t).split()).replace(_SIGN_MARK, "-")
 
 
 # Code tokens: identifiers and numbers, string literals whole (their spaces are their value), any other character.
