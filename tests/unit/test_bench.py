@@ -49,6 +49,17 @@ def test_parse_protocols_specs():
     assert p["fullkv(latent_steps=8, latent_mode='realign')"] == ("fullkv", {"latent_steps": 8, "latent_mode": "realign"})
     with pytest.raises(ValueError):
         parse_protocols("full kv")
+    tail = parse_protocols(r"retrieval(selector='a\\'),alone")  # a string ending in an escaped backslash closes
+    assert list(tail) == [r"retrieval(selector='a\\')", "alone"] and tail[r"retrieval(selector='a\\')"][1] == {
+        "selector": "a\\"}
+
+
+def test_a_summary_refuses_two_records_of_one_episode():
+    from latentwire.bench.report import summarize
+
+    rec = {"episode": "e1", "protocol": "p", "accuracy": 1.0, "error": None}
+    with pytest.raises(LatentWireError, match="two records of protocol 'p' on episode 'e1'"):
+        summarize([rec, dict(rec)], ["p"])
 
 
 def test_pareto_front():

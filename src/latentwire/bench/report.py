@@ -63,7 +63,7 @@ def summarize(records: list[dict], order: list[str]) -> dict[str, dict]:
     labels = [p for p in order if any(r["protocol"] == p for r in records)]
     labels += sorted({r["protocol"] for r in records} - set(labels))
     for label in labels:
-        rs = [r for r in records if r["protocol"] == label]
+        rs = list(_by_episode(records, label).values())  # one record per episode: a duplicate is refused
         row = {"n": len(rs), "errors": sum(r.get("error") is not None for r in rs)}
         for key, _, _ in COLUMNS:
             # Answer scores count failed episodes as 0; costs are over episodes that ran.

@@ -36,10 +36,11 @@ _SPEC = re.compile(r"^\s*([\w.-]+)\s*(?:\((.*)\))?\s*$", re.DOTALL)
 def parse_protocols(text: str) -> dict[str, tuple[str, dict]]:
     """'text,fullkv(latent_steps=8)' -> {label: (name, params)}; values are Python literals. ConfigError for anything
     it cannot read whole: unbalanced parentheses, a call of a call, a parameter or a protocol given twice."""
-    out, depth, cur, quote = {}, 0, "", None
+    out, depth, cur, quote, escaped = {}, 0, "", None, False
     for ch in text + ",":
         if quote:  # inside a string literal: parentheses and commas are its text
-            quote = None if ch == quote and not cur.endswith("\\") else quote
+            quote = None if ch == quote and not escaped else quote
+            escaped = ch == "\\" and not escaped  # '\\' is one backslash: the quote after it closes
         elif ch in "'\"":
             quote = ch
         elif ch == "," and depth == 0:

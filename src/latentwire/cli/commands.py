@@ -63,6 +63,7 @@ def _demo(args) -> int:
     from tqdm import tqdm
     from transformers.utils import logging as hf_logging
 
+    from ..bench.metrics import answer_scores
     from ..demo import run_demo
 
     from ..protocols import get_protocol
@@ -78,7 +79,7 @@ def _demo(args) -> int:
     print(f"running on {agent.device} in {str(agent.dtype).removeprefix('torch.')}", flush=True)
     rows = []
     for ep, out in run_demo(agent, protocols, args.senders, progress=lambda xs, desc: tqdm(xs, desc=desc)):
-        ok = ep.gold.lower() in out.answer.lower()
+        ok = answer_scores(out.answer, [ep.gold])["accuracy"] == 1.0  # as the benchmarks score ("58" not in "580")
         rows.append((out.protocol, ep.question, ok, out))
     print(f"\nmodel {args.model}, {args.senders} senders; fullkv and cacheback ({args.ratio}x) with "
           f"{args.latent_steps} latent steps ({args.latent_mode})\n")
