@@ -62,6 +62,17 @@ def test_a_summary_refuses_two_records_of_one_episode():
         summarize([rec, dict(rec)], ["p"])
 
 
+def test_summary_cis_resample_whole_clusters():
+    """Questions over one set of documents are not independent: with clusters the CI is wider (here every cluster
+    answers alike), the mean unchanged."""
+    from latentwire.bench.report import summarize
+
+    recs = [{"episode": f"e{i}", "protocol": "p", "accuracy": float(i // 10 % 2), "error": None} for i in range(40)]
+    clusters = {f"e{i}": f"set{i // 10}" for i in range(40)}
+    plain, grouped = summarize(recs, ["p"])["p"]["accuracy"], summarize(recs, ["p"], clusters)["p"]["accuracy"]
+    assert plain[0] == grouped[0] == 0.5 and grouped[2] - grouped[1] > 1.5 * (plain[2] - plain[1])
+
+
 def test_pareto_front():
     pts = {"a": (1.0, 0.5), "b": (2.0, 0.9), "c": (3.0, 0.8), "d": (0.5, 0.1)}
     assert pareto_front(pts) == ["d", "a", "b"]

@@ -223,14 +223,30 @@ def evidence_recall(gold_positions: Iterable[int], kept_positions: Iterable[int]
 
 
 def bootstrap_ci(values: Sequence[float], n_resamples: int = 2000, seed: int = 0,
-                 level: float = 0.95) -> tuple[float, float, float]:
-    """(mean, low, high) with a percentile bootstrap; deterministic given the seed."""
+                 level: float = 0.95, clusters: Sequence | None = None) -> tuple[float, float, float]:
+    """(mean, low, high) with a percentile bootstrap; deterministic given the seed. `clusters` (one id per value,
+    e.g. the set of documents several questions share): whole clusters are resampled and the mean taken over
+    their pooled values, so correlated values do not count as independent (the mean itself is unchanged)."""
     xs = [float(v) for v in values]
     if not xs:
         return float("nan"), float("nan"), float("nan")
     mean = sum(xs) / len(xs)
     rng = random.Random(seed)
-    means = sorted(sum(rng.choices(xs, k=len(xs))) / len(xs) for _ in range(n_resamples))
+    if clusters is not None:
+        if len(clusters) != len(xs):
+            raise ValueError(f"{len(clusters)} cluster ids for {len(xs)} values")
+        groups: dict = {}
+        for c, x in zip(clusters, xs):
+            groups.setdefault(c, []).append(x)
+        sums = [(sum(g), len(g)) for g in groups.values()]
+
+        def pooled() -> float:
+            picked = rng.choices(sums, k=len(sums))
+            return sum(s for s, _ in picked) / sum(n for _, n in picked)
+
+        means = sorted(pooled() for _ in range(n_resamples))
+    else:
+        means = sorted(sum(rng.choices(xs, k=len(xs))) / len(xs) for _ in range(n_resamples))
     lo = means[int((1 - level) / 2 * n_resamples)]
     hi = means[min(n_resamples - 1, int((1 + level) / 2 * n_resamples))]
     return mean, lo, hi

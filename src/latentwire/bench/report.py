@@ -57,8 +57,9 @@ def read_run(run_dir: str | Path) -> tuple[dict, list[dict]]:
     return config, records
 
 
-def summarize(records: list[dict], order: list[str]) -> dict[str, dict]:
-    """protocol -> {n, errors, field: (mean, lo, hi) or None, tteoa_median}."""
+def summarize(records: list[dict], order: list[str], clusters: dict[str, str] | None = None) -> dict[str, dict]:
+    """protocol -> {n, errors, field: (mean, lo, hi) or None, tteoa_median}. `clusters` (episode id → cluster id,
+    as `compare`): the CIs resample whole clusters (the means stay episode means)."""
     out = {}
     labels = [p for p in order if any(r["protocol"] == p for r in records)]
     labels += sorted({r["protocol"] for r in records} - set(labels))
@@ -67,8 +68,9 @@ def summarize(records: list[dict], order: list[str]) -> dict[str, dict]:
         row = {"n": len(rs), "errors": sum(r.get("error") is not None for r in rs)}
         for key, _, _ in COLUMNS:
             # Answer scores count failed episodes as 0; costs are over episodes that ran.
-            vals = [r[key] for r in rs if r.get(key) is not None]
-            row[key] = bootstrap_ci(vals) if vals else None
+            kept = [r for r in rs if r.get(key) is not None]
+            ids = None if clusters is None else [clusters[r["episode"]] for r in kept]
+            row[key] = bootstrap_ci([r[key] for r in kept], clusters=ids) if kept else None
         ok = [r["tteoa"] for r in rs if r.get("tteoa") is not None]
         row["tteoa_median"] = statistics.median(ok) if ok else None
         q = [r["tteoa_question"] for r in rs if r.get("tteoa_question") is not None]
@@ -266,7 +268,9 @@ def write_report(run_dir: str | Path, pairs: list[tuple[str, str]] | None = None
     cfg = config["config"]
     if complete and not (records := complete_episodes(records, cfg["protocols"])):
         raise LatentWireError(f"{run_dir}: no episode has a record of every protocol yet")
-    summary = summarize(records, list(cfg["protocols"]))
+    if clusters is not None and (missing := sorted({r["episode"] for r in records} - clusters.keys())):
+        raise LatentWireError(f"episodes without a cluster: {', '.join(missing[:5])}")
+    summary = summarize(records, list(cfg["protocols"]), clusters)
     lines = _header_lines(config) + _summary_lines(summary)
     lines += _verdict_lines(records, default_pairs(cfg["protocols"]) if pairs is None else pairs, clusters,
                             question_time)
