@@ -271,7 +271,7 @@ def write_report(run_dir: str | Path, pairs: list[tuple[str, str]] | None = None
     if clusters is not None and (missing := sorted({r["episode"] for r in records} - clusters.keys())):
         raise LatentWireError(f"episodes without a cluster: {', '.join(missing[:5])}")
     summary = summarize(records, list(cfg["protocols"]), clusters)
-    lines = _header_lines(config) + _summary_lines(summary)
+    lines = _header_lines(config, clusters is not None) + _summary_lines(summary)
     lines += _verdict_lines(records, default_pairs(cfg["protocols"]) if pairs is None else pairs, clusters,
                             question_time)
     lines += _error_lines(records)
@@ -287,7 +287,7 @@ def write_report(run_dir: str | Path, pairs: list[tuple[str, str]] | None = None
     return path
 
 
-def _header_lines(config: dict) -> list[str]:
+def _header_lines(config: dict, clustered: bool = False) -> list[str]:
     """The report's title, the run's provenance (episodes, seed, filters, versions, CPUs) and how to read the
     table."""
     cfg, env = config["config"], config["environment"]
@@ -296,7 +296,9 @@ def _header_lines(config: dict) -> list[str]:
             f"latentwire {env['latentwire']}{' @ ' + str(env['git'])[:10] if env.get('git') else ' (no git checkout)'}, "
             f"torch {env['torch']}, transformers "
             f"{env['transformers']}, {env['cpus']} CPUs, {env['torch_threads']} threads.", "",
-            "Mean ± half-width of the 95% bootstrap CI. Answer scores count episodes that failed with a typed "
+            "Mean ± half-width of the 95% bootstrap CI" + (" (resampling whole clusters: the sets of documents "
+                                                            "questions share)" if clustered else "")
+            + ". Answer scores count episodes that failed with a typed "
             "error as 0; costs are over episodes that ran. TTEOA = slowest sender + receiver "
             "(senders in parallel).", ""]
 
