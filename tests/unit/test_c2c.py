@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from latentwire.agent import Agent
-from latentwire.errors import ConfigError, GeometryMismatchError
+from latentwire.errors import LatentWireError, ConfigError, GeometryMismatchError
 from latentwire.models.tiny import _SPECIALS
 from latentwire.translate.base import build, load
 from latentwire.translate.c2c import C2C, C2CConfig, layer_map
@@ -126,7 +126,7 @@ def test_decoded_spans_agree_with_offsets(tokenizer, merged, trained):
                                        tokenize=False, add_generation_prompt=True)
         ids = tok(text, add_special_tokens=False)["input_ids"]
         assert decoded_spans(tok, text, ids) == token_spans(tok, text, ids)
-    with pytest.raises(ValueError, match="does not reproduce"):
+    with pytest.raises(LatentWireError, match="does not reproduce"):
         decoded_spans(tokenizer, "other text", tokenizer("some text", add_special_tokens=False)["input_ids"])
 
 
@@ -279,18 +279,18 @@ def test_wrong_pair_names_both_models(pair_states):
         c2c(q_state, r, align=a)
     with pytest.raises(GeometryMismatchError, match="receiver llama.*receiver gemma3"):
         c2c(s, s, align=a)
-    with pytest.raises(ValueError, match="receiver"):
+    with pytest.raises(LatentWireError, match="receiver"):
         c2c(s)
 
 
 def test_bad_alignment_is_refused(pair_states):
     sharer_agent, receiver_agent, s, r, a = pair_states("gemma3", "llama")
     c2c = build("c2c", sharer_agent.geometry, receiver_agent.geometry, hidden=8)
-    with pytest.raises(ValueError, match="one entry per receiver row"):
+    with pytest.raises(LatentWireError, match="one entry per receiver row"):
         c2c(s, r, align=a.index[:-1], mask=a.mask[:-1])
     bad = a.index.clone()
     bad[a.mask.nonzero()[0]] = len(s)
-    with pytest.raises(ValueError, match="outside the sharer"):
+    with pytest.raises(LatentWireError, match="outside the sharer"):
         c2c(s, r, align=bad, mask=a.mask)
 
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from latentwire.errors import GeometryMismatchError, StateFormatError
+from latentwire.errors import LatentWireError, GeometryMismatchError, StateFormatError
 from latentwire.rope import rotate_keys
 from latentwire.state import KVState
 from latentwire.translate.base import build, cast, load
@@ -210,12 +210,12 @@ def test_checks_the_pair_and_names_both_models(dense, prefill_state, random_ids)
 
 
 def test_groups_and_config_validation(dense, geometry_for):
-    with pytest.raises(ValueError, match="groups=3 does not divide the 2 KV heads of receiver llama"):
+    with pytest.raises(LatentWireError, match="groups=3 does not divide the 2 KV heads of receiver llama"):
         dense("gemma3", "llama", groups=3)
-    with pytest.raises(ValueError, match="groups=2 does not divide the 1 KV heads of receiver gemma3"):
+    with pytest.raises(LatentWireError, match="groups=2 does not divide the 1 KV heads of receiver gemma3"):
         dense("llama", "gemma3", groups=2)
     for bad in (dict(groups=-1), dict(groups=1.5), dict(init_gate=0.0), dict(init_gate=1.0), dict(map_init=1.5)):
-        with pytest.raises(ValueError, match="dense: "):
+        with pytest.raises(LatentWireError, match="dense: "):
             DenseAlignmentConfig(**bad)
     # parameter count: L_R L_src + 2 (H_S D_S)(H_R D_R) + 2 L_R (2 H_R D_R + G)
     for groups, G in ((0, 2), (1, 1), (2, 2)):

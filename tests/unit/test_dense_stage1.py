@@ -14,7 +14,7 @@ import torch
 
 from latentwire.agent import Agent
 from latentwire.bench.tasks.pairs import pairs
-from latentwire.errors import ConfigError
+from latentwire.errors import LatentWireError, ConfigError
 from latentwire.models import tiny_merged_tokenizer
 from latentwire.protocols.pair import get_pair_protocol, own_prompt
 from latentwire.rope import rotate_keys
@@ -86,7 +86,7 @@ def test_loss_is_positive_otherwise_and_computed_row_by_row(prefill_state, rando
 def test_same_tokenizer_rows_must_hold_the_same_tokens(prefill_state, random_ids, geometry_for):
     tr = build("dense", geometry_for("qwen2"), geometry_for("llama"))
     a, b = random_ids(8, seed=1), random_ids(8, seed=2)
-    with pytest.raises(ValueError, match="first 8 tokens differ"):
+    with pytest.raises(LatentWireError, match="first 8 tokens differ"):
         tr.reconstruction_loss(prefill_state("qwen2", a), prefill_state("llama", b))
     rows, src = tr.row_pairs(prefill_state("qwen2", a), prefill_state("llama", a[:, :5]))
     assert rows.tolist() == src.tolist() == list(range(5))
@@ -98,7 +98,7 @@ def test_token_aligned_rows_across_tokenizers(hetero):
     al = align(receiver, sharer, TEXT)
     assert len(S) != len(target) and 0 < al.num_exact < al.num_aligned  # merges + template: a real alignment
     tr = build("dense", sharer.geometry, receiver.geometry)
-    with pytest.raises(ValueError, match="tokenize differently: pass align="):
+    with pytest.raises(LatentWireError, match="tokenize differently: pass align="):
         tr.reconstruction_loss(S, target)
     rows, src = tr.row_pairs(S, target, al)
     assert torch.equal(rows, torch.nonzero(al.mask).flatten()) and torch.equal(src, al.index[al.mask])
@@ -120,9 +120,9 @@ def test_token_aligned_rows_across_tokenizers(hetero):
         loss.backward()
         opt.step()
     assert float(tr.reconstruction_loss(S, target, al).detach()) < 0.8 * loss0
-    with pytest.raises(ValueError, match="one entry per target row"):
+    with pytest.raises(LatentWireError, match="one entry per target row"):
         tr.reconstruction_loss(S, target, al.index[:-1])
-    with pytest.raises(ValueError, match="outside the sharer's"):
+    with pytest.raises(LatentWireError, match="outside the sharer's"):
         tr.reconstruction_loss(S, target, torch.where(al.mask, al.index + len(S), al.index), al.mask)
 
 
@@ -188,7 +188,7 @@ def _sources(tr: DenseAlignment, state) -> torch.Tensor:
 
 def test_config_validation():
     for bad in (dict(rank=-1), dict(rank=1.5), dict(rank=True), dict(context_aware="yes"), dict(context_aware=1)):
-        with pytest.raises(ValueError, match="dense: "):
+        with pytest.raises(LatentWireError, match="dense: "):
             DenseAlignmentConfig(**bad)
     with pytest.raises(ConfigError, match="dense method only"):
         TrainConfig("xkv", "a", "b", context_aware=True)

@@ -8,7 +8,7 @@ import pytest
 import safetensors.torch
 import torch
 
-from latentwire.errors import StateFormatError
+from latentwire.errors import LatentWireError, StateFormatError
 from latentwire.translate import build, load
 from latentwire.translate.layers import layer_groups
 from latentwire.translate.lcf_pool import Spans, n_params, pool_slots, pool_spans, spans
@@ -35,11 +35,11 @@ def test_spans_split_at_gaps_and_width():
     assert spans(POS, 100).lengths.tolist() == [3, 2, 5]  # gaps alone
     assert spans(POS, 1).lengths.tolist() == [1] * 10
     assert spans(POS - 50, 3).lengths.tolist() == LENGTHS  # negative positions: only differences count
-    with pytest.raises(ValueError, match="width"):
+    with pytest.raises(LatentWireError, match="width"):
         spans(POS, 0)
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(LatentWireError, match="empty"):
         spans(POS[:0], 3)
-    with pytest.raises(ValueError, match="mask"):
+    with pytest.raises(LatentWireError, match="mask"):
         Spans(sp.index, sp.mask.long(), sp.lengths)
 
 
@@ -121,7 +121,7 @@ def test_old_single_step_checkpoint_is_refused(agent_for, tmp_path):
     safetensors.torch.save_file(w, tmp_path / "translator.safetensors")
     with pytest.raises(StateFormatError, match="two-stage span pooler"):
         load(tmp_path)
-    with pytest.raises(ValueError, match="span"):
+    with pytest.raises(LatentWireError, match="span"):
         build("lcfx", S.geometry, R.geometry, span=0)
 
 

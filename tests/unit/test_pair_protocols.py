@@ -127,6 +127,17 @@ def test_a_broken_checkpoint_stops_the_run_instead_of_failing_every_pair(pair, a
     with pytest.raises(CheckpointError, match="cannot be read"):
         p = get_pair_protocol("translated", checkpoint=folder, max_new_tokens=2)
         run_pair(p, "translated", pair, agent_for(SHARER), agent_for(RECEIVER))
+    import json
+
+    from latentwire.translate.base import load
+
+    other = ckpt("xkv", sharer=SHARER)
+    header = json.loads(open(os.path.join(other, "config.json")).read())
+    for edit in ({"method": "nope"}, {"sharer": {"model": "x"}}, {"config": {"bogus": 1}}):  # not this build's
+        with open(os.path.join(other, "config.json"), "w") as f:
+            json.dump(header | edit, f)
+        with pytest.raises(CheckpointError, match="cannot build its translator"):
+            load(other)
 
 
 def test_registry_and_parameter_errors(ckpt, tmp_path):

@@ -9,7 +9,7 @@ import torch
 
 from latentwire.agent import Agent
 from latentwire.bench.tasks.pairs import PAIR_TASKS, SPLITS, check_disjoint, pairs
-from latentwire.errors import ConfigError, GeometryMismatchError, StateFormatError, UnknownNameError
+from latentwire.errors import LatentWireError, ConfigError, GeometryMismatchError, StateFormatError, UnknownNameError
 from latentwire.translate import build, load
 from latentwire.translate.compose import PairStates, compose
 from latentwire.training.objective import answer_loss
@@ -64,7 +64,7 @@ def test_wrong_pair_is_refused_naming_both(method, states):
         t(states("qwen2", "a"), R)
     with pytest.raises(GeometryMismatchError, match="receiver.num_layers|receiver.model"):
         t(S, states("gemma3", "b"))
-    with pytest.raises(ValueError, match="receiver="):
+    with pytest.raises(LatentWireError, match="receiver="):
         t(S)
 
 
@@ -72,7 +72,7 @@ def test_unknown_translator_lists_the_valid_ones(states):
     S = states("llama", "a")
     with pytest.raises(UnknownNameError, match="xkv"):
         build("nope", S.geometry, S.geometry)
-    with pytest.raises(ValueError, match="divisible"):
+    with pytest.raises(LatentWireError, match="divisible"):
         build("xkv", S.geometry, S.geometry, dim=10, heads=4)
 
 
@@ -121,7 +121,7 @@ def test_pairs_are_split_evidence_and_disjoint():
     fact = pairs("facts", "test", 6)
     for p in fact:  # the answer is stated in exactly one of the two documents
         assert (p.target in p.sharer_doc) != (p.target in p.receiver_doc)
-    with pytest.raises(ValueError, match="splits must not share"):
+    with pytest.raises(LatentWireError, match="splits must not share"):
         check_disjoint(groups[0], groups[0][:1])
 
 
@@ -186,6 +186,8 @@ def test_train_config_is_validated():
         TrainConfig("nope", "a", "b")
     with pytest.raises(ConfigError, match="tasks"):
         TrainConfig("xkv", "a", "b", tasks=("code",))
+    with pytest.raises(ConfigError, match="needs train_n and val_n ≥ 2"):  # a single pair would keep its document
+        TrainConfig("xkv", "a", "b", val_n=1, sharer_docs="shuffled")
 
 
 def test_state_cache_reads_back_what_it_wrote_and_respects_its_limit(tmp_path, agent_for, caplog):

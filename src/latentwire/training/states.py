@@ -72,7 +72,8 @@ class StateCache:
 
 def pair_states(pair: Pair, sharer: Agent, receiver: Agent, method: str, cache: StateCache | None = None,
                 context_aware: bool = False, stage1: bool = False) -> PairStates:
-    """The states `method` reads for one pair (from the cache when given, else fresh float32 prefills).
+    """The states `method` reads for one pair (from the cache when given, in float32 rounded through bf16; else
+    fresh prefills in the agents' own dtype).
 
     `stage1` (dense): only what the reconstruction reads instead: the sharer's state S of its own
     prompt, the receiver's state of that same prompt (`receiver_on_sharer`) and, unless both hold the
@@ -108,6 +109,6 @@ def _stage1_states(pair: Pair, sharer: Agent, receiver: Agent, get) -> PairState
 
     al = align(receiver, sharer, prompt)  # (T_r,) target row -> sharer row, on the receiver's device
     if len(al) != len(target) or len(al.sharer_ids) != len(S):
-        raise ValueError(f"stage I: the alignment of {len(al)} x {len(al.sharer_ids)} tokens does not match the "
+        raise StateFormatError(f"stage I: the alignment of {len(al)} x {len(al.sharer_ids)} tokens does not match the "
                          f"states' {len(target)} x {len(S)} rows")
     return PairStates(sharer=S, receiver_on_sharer=target, align=al.index, mask=al.mask)

@@ -90,6 +90,9 @@ class TrainConfig:
                               f"for {self.method}")
         if self.sharer_docs not in SHARER_DOCS:
             raise UnknownNameError("sharer documents", self.sharer_docs, SHARER_DOCS)
+        if self.sharer_docs == "shuffled" and min(self.train_n, self.val_n) < 2:  # one pair keeps its own document
+            raise ConfigError(f"sharer_docs='shuffled' swaps documents between pairs of a task: it needs train_n and "
+                              f"val_n ≥ 2, got {self.train_n} and {self.val_n}")
         if "context_aware" in self.params:
             raise ConfigError("set the dense mode with TrainConfig(context_aware=...), not in params")
         construct("translator", self.method, TRANSLATORS[self.method].Config, **self.params)  # before any model loads
@@ -108,8 +111,8 @@ def data(cfg: TrainConfig) -> tuple[list[Pair], list[Pair]]:
 
 def control_pairs(pairs_: list[Pair], sharer_docs: str, seed: int) -> list[Pair]:
     """`pairs_` with each sharer document kept ("own"), emptied ("blank") or replaced by the sharer document of
-    another pair of the same task ("shuffled": a seeded rotation of a shuffled order, so no pair keeps its own
-    document, unless a task has a single pair)."""
+    another pair of the same task and split ("shuffled": a seeded rotation of a shuffled order, so no pair keeps
+    its own document; `TrainConfig` refuses it with fewer than 2 pairs per task)."""
     if sharer_docs == "own":
         return list(pairs_)
     if sharer_docs == "blank":

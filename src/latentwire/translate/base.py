@@ -25,7 +25,7 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, GeometryMismatchError, StateFormatError
+from ..errors import CheckpointError, ConfigError, GeometryMismatchError, LatentWireError, StateFormatError
 from ..registry import Registry, construct
 from ..state import Geometry, KVState, LayerKV, check_format
 
@@ -70,7 +70,7 @@ class Translator(nn.Module, ABC):
 
     def __call__(self, sharer: KVState, receiver: KVState | None = None, **kw) -> KVState:
         if receiver is None and self.needs_receiver:
-            raise ValueError(f"{self.name} reads the receiver's own state too: pass receiver=")
+            raise ConfigError(f"{self.name} reads the receiver's own state too: pass receiver=")
         self.check_pair(sharer.geometry, receiver.geometry if receiver is not None else None)
         return super().__call__(sharer, receiver, **kw)
 
@@ -142,18 +142,23 @@ def load(folder: str | Path, device: torch.device | str | None = None) -> Transl
     weights are read on the host and copied in.
     """
     header = read_header(folder)
-    cls = TRANSLATORS[str(header.get("method"))]
-    try:
+    try:  # whatever this build cannot make of the header (another method, an older config) is the checkpoint's
+        cls = TRANSLATORS[str(header.get("method"))]
         config = cls.Config(**header["config"])
-    except (TypeError, ValueError) as e:
-        raise CheckpointError(f"{folder}/{CONFIG}: config: {e}") from e
-    with torch.device(device) if device is not None else contextlib.nullcontext():
-        model = cls(Geometry.from_json(header["sharer"]), Geometry.from_json(header["receiver"]), config)
+        sharer, receiver = Geometry.from_json(header["sharer"]), Geometry.from_json(header["receiver"])
+        with torch.random.fork_rng(devices=[]), (torch.device(device) if device is not None
+                                                  else contextlib.nullcontext()):
+            model = cls(sharer, receiver, config)  # initial values overwritten below: the global RNG is left alone
+    except (KeyError, TypeError, ValueError, LatentWireError) as e:
+        raise CheckpointError(f"{folder}/{CONFIG}: cannot build its translator ({type(e).__name__}: {e})") from e
     try:
         weights = safetensors.torch.load_file(Path(folder) / WEIGHTS)  # host tensors, copied into the parameters
     except (OSError, safetensors.SafetensorError) as e:
         raise CheckpointError(f"{folder}/{WEIGHTS}: cannot be read ({type(e).__name__}: {e})") from e
-    missing, unexpected = model.load_state_dict(weights, strict=False)
+    try:
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+    except (RuntimeError, StateFormatError) as e:  # a weight of another shape, an older layout (LCF-X's pooler)
+        raise CheckpointError(f"{folder}/{WEIGHTS}: does not fit its translator ({e})") from e
     if missing or unexpected:
         raise CheckpointError(f"{folder}/{WEIGHTS}: missing {missing[:5]}, unexpected {unexpected[:5]}")
     return model.eval()

@@ -45,7 +45,7 @@ import dataclasses
 import torch
 from torch import nn
 
-from ..errors import ConfigError
+from ..errors import ConfigError, StateFormatError
 from ..rope import rotate_keys
 from ..state import Geometry, KVState, LayerKV
 from .base import Translator, TranslatorConfig, register, with_layers
@@ -160,10 +160,10 @@ class C2C(Translator):
         mask = (align >= 0) if mask is None else torch.as_tensor(mask, dtype=torch.bool, device=receiver.device)
         T_r, T_s = len(receiver), len(sharer)
         if align.shape != (T_r,) or mask.shape != (T_r,):
-            raise ValueError(f"c2c: align and mask need one entry per receiver row ({T_r}); got "
+            raise StateFormatError(f"c2c: align and mask need one entry per receiver row ({T_r}); got "
                              f"{tuple(align.shape)} and {tuple(mask.shape)}")
         if bool(torch.any(mask & ((align < 0) | (align >= T_s)))):
-            raise ValueError(f"c2c: a masked-in receiver row aligns outside the sharer's {T_s} rows")
+            raise StateFormatError(f"c2c: a masked-in receiver row aligns outside the sharer's {T_s} rows")
         param = self.projectors[0].out_k.weight
         layers, unrotated = [], {}  # sharer layer -> its keys without RoPE (shared by receiver layers)
         for i, layer in enumerate(receiver.layers):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import StateFormatError
 from ..state import KVState
 from .base import Translator, cast
 
@@ -54,7 +55,7 @@ def compose(translator: Translator, states: PairStates, context_aware: bool = Fa
     name = translator.name
     missing = [f for f in needs(name, context_aware) if getattr(states, f) is None]
     if missing:
-        raise ValueError(f"{name}: missing pair states {missing}")
+        raise StateFormatError(f"{name}: missing pair states {missing}")
     states = _on(states, next(translator.parameters()).device)
     if name == "c2c":
         out = translator(states.sharer_both, states.receiver_both, align=states.align, mask=states.mask)

@@ -76,7 +76,7 @@ class DenseAlignment(Translator):
         c, L, H, D = self.config, receiver.num_layers, receiver.num_kv_heads, receiver.head_dim
         G = c.groups or H
         if H % G:
-            raise ValueError(f"dense: groups={G} does not divide the {H} KV heads of receiver {receiver.model}")
+            raise ConfigError(f"dense: groups={G} does not divide the {H} KV heads of receiver {receiver.model}")
         self.groups = G
         self.sources = tuple(i for i, t in enumerate(sharer.layer_types) if t == "global") \
             or tuple(range(sharer.num_layers))
@@ -159,9 +159,9 @@ class DenseAlignment(Translator):
         """
         self.check_pair(sharer.geometry, target.geometry)
         if probes is not None and probes < 1:
-            raise ValueError(f"dense: probes must be ≥ 1 or None, got {probes}")
+            raise ConfigError(f"dense: probes must be ≥ 1 or None, got {probes}")
         if len(sharer) == 0 or len(target) == 0:
-            raise ValueError("dense: reconstruction needs non-empty sharer and target states")
+            raise StateFormatError("dense: reconstruction needs non-empty sharer and target states")
         rows, src = self.row_pairs(sharer, target, align, mask)  # (N,), (N,) int64 target / sharer rows
         if probes is not None and len(rows) > probes:
             pick = torch.linspace(0, len(rows) - 1, probes, device=rows.device).round().long()
@@ -186,11 +186,11 @@ class DenseAlignment(Translator):
         dev, T_s, T_r = self.w.device, len(sharer), len(target)
         if align is None:
             if sharer.geometry.tokenizer != target.geometry.tokenizer:
-                raise ValueError(f"dense: {sharer.geometry.model} and {target.geometry.model} tokenize differently: "
+                raise StateFormatError(f"dense: {sharer.geometry.model} and {target.geometry.model} tokenize differently: "
                                  "pass align= (token_alignment.align of the chat both prefilled)")
             n = min(T_s, T_r)
             if not torch.equal(sharer.token_ids[:n].to(dev), target.token_ids[:n].to(dev)):
-                raise ValueError(f"dense: the sharer's and the target's first {n} tokens differ (another text or "
+                raise StateFormatError(f"dense: the sharer's and the target's first {n} tokens differ (another text or "
                                  "template): pass align= (token_alignment.align of the chat both prefilled)")
             rows = torch.arange(n, device=dev)
             return rows, rows
@@ -199,13 +199,13 @@ class DenseAlignment(Translator):
         align = torch.as_tensor(align, dtype=torch.int64, device=dev)  # (T_r,)
         mask = (align >= 0) if mask is None else torch.as_tensor(mask, dtype=torch.bool, device=dev)  # (T_r,)
         if align.shape != (T_r,) or mask.shape != (T_r,):
-            raise ValueError(f"dense: align and mask need one entry per target row ({T_r}); got "
+            raise StateFormatError(f"dense: align and mask need one entry per target row ({T_r}); got "
                              f"{tuple(align.shape)} and {tuple(mask.shape)}")
         if bool(torch.any(mask & ((align < 0) | (align >= T_s)))):
-            raise ValueError(f"dense: a masked-in target row aligns outside the sharer's {T_s} rows")
+            raise StateFormatError(f"dense: a masked-in target row aligns outside the sharer's {T_s} rows")
         rows = torch.nonzero(mask).flatten()  # (N,)
         if len(rows) == 0:
-            raise ValueError("dense: no target row is aligned to a sharer row")
+            raise StateFormatError("dense: no target row is aligned to a sharer row")
         return rows, align[rows]
 
 

@@ -38,7 +38,8 @@ import torch
 from safetensors import SafetensorError
 
 from ..agent import LATENT_MODES
-from ..errors import CheckpointError, ContextOverflowError, GeometryMismatchError, StateFormatError, UnknownNameError
+from ..errors import (CheckpointError, ConfigError, ContextOverflowError, GeometryMismatchError, StateFormatError,
+                      UnknownNameError)
 from ..state import Geometry, check_format
 from .token_alignment import Chat, align
 
@@ -202,7 +203,7 @@ class RidgeStats:
 
     def __init__(self, d_in: int, d_out: int):
         if d_in < 1 or d_out < 1:
-            raise ValueError(f"dimensions must be ≥ 1, got {d_in}, {d_out}")
+            raise ConfigError(f"dimensions must be ≥ 1, got {d_in}, {d_out}")
         self.d_in, self.d_out, self.n = d_in, d_out, 0
         self.sx = self.sy = self.xx = self.xy = None  # (d_in,), (d_out,), (d_in, d_in), (d_in, d_out) after `add`
 
@@ -210,7 +211,7 @@ class RidgeStats:
         """Add n samples: x (n, d_in), y (n, d_out)."""
         if x.dim() != 2 or y.dim() != 2 or x.shape[0] != y.shape[0] or (x.shape[1], y.shape[1]) != (
                 self.d_in, self.d_out):
-            raise ValueError(f"want x (n, {self.d_in}) and y (n, {self.d_out}), got {tuple(x.shape)} and "
+            raise StateFormatError(f"want x (n, {self.d_in}) and y (n, {self.d_out}), got {tuple(x.shape)} and "
                              f"{tuple(y.shape)}")
         x, y = x.detach().cpu().double(), y.detach().cpu().double()  # on the host, float64
         sums = (x.sum(0), y.sum(0), x.T @ x, x.T @ y)
@@ -225,9 +226,9 @@ class RidgeStats:
         """(W (d_in, d_out), b (d_out,)) float64 minimising |Y - XW - b|² + λ|W|²,
         λ = ridge · mean(diag(XcᵀXc))."""
         if not (math.isfinite(ridge) and ridge >= 0):
-            raise ValueError(f"ridge must be a finite number ≥ 0, got {ridge}")
+            raise ConfigError(f"ridge must be a finite number ≥ 0, got {ridge}")
         if self.n < 2:
-            raise ValueError(f"ridge regression needs ≥ 2 samples, got {self.n}")
+            raise ConfigError(f"ridge regression needs ≥ 2 samples, got {self.n}")
         mx, my = self.sx / self.n, self.sy / self.n  # (d_in,), (d_out,)
         xx = self.xx - self.n * torch.outer(mx, mx)  # (d_in, d_in) centred
         xy = self.xy - self.n * torch.outer(mx, my)  # (d_in, d_out) centred
@@ -258,7 +259,7 @@ def aligned_pairs(sender, receiver, chat: Chat, latent_mode: str = "rescale", sh
     """Training pairs from one chat both agents read: x (n, d_A) the sender's latent rows at its tokens t,
     y (n, d_B) the receiver's input embeddings of the tokens aligned to sender tokens t + shift."""
     if shift not in SHIFTS:
-        raise ValueError(f"shift must be one of {SHIFTS}, got {shift}")
+        raise ConfigError(f"shift must be one of {SHIFTS}, got {shift}")
     a = align(sender, receiver, chat)  # per sender token: the receiver token holding its last content character
     ids = a.receiver_ids  # (T_A,) the sender's prompt ids (align's first agent is the one indexed)
     if len(ids) > sender.context_window:

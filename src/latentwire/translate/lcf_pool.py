@@ -28,7 +28,7 @@ from torch import nn
 
 from ..state import Geometry, KVState
 from .layers import LayerGroup, rms
-from ..errors import ConfigError
+from ..errors import ConfigError, StateFormatError
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,10 +53,10 @@ def spans(positions: torch.Tensor, width: int) -> Spans:
     """Split rows at `positions` (T,) increasing into runs of consecutive positions, each cut into windows
     of ≤ `width` rows. One host sync (n, m: the padded shape depends on the data)."""
     if width < 1:
-        raise ValueError(f"spans: width must be ≥ 1, got {width}")
+        raise ConfigError(f"spans: width must be ≥ 1, got {width}")
     T, device = positions.shape[0], positions.device
     if T == 0:
-        raise ValueError("spans: no rows to pool (the state is empty)")
+        raise StateFormatError("spans: no rows to pool (the state is empty)")
     t = torch.arange(T, dtype=torch.int64, device=device)  # (T,)
     new_seg = torch.ones(T, dtype=torch.bool, device=device)  # (T,) True where a run starts
     new_seg[1:] = positions[1:] != positions[:-1] + 1
@@ -122,7 +122,7 @@ def _group_positions(state: KVState, g: LayerGroup) -> torch.Tensor:
     if state.geometry.layer_types[g.layers[0]] == "sliding":
         for i in g.layers[1:]:
             if not torch.equal(state.layers[i].positions, first):
-                raise ValueError(f"lcfx: sliding layers {g.layers[0]} and {i} hold different rows")
+                raise StateFormatError(f"lcfx: sliding layers {g.layers[0]} and {i} hold different rows")
     return first
 
 

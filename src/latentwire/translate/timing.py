@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..errors import ConfigError
 from .base import Translator
 from .compose import PairStates, compose
 
@@ -49,7 +50,7 @@ def time_forwards(translators: dict[str, Translator], states: PairStates, calls:
     """Median forward time (ms) of each translator over `calls` interleaved calls on `states`, after
     `warmup` untimed rounds."""
     if calls < 1 or warmup < 0:
-        raise ValueError(f"calls must be ≥ 1 and warmup ≥ 0, got {calls}, {warmup}")
+        raise ConfigError(f"calls must be ≥ 1 and warmup ≥ 0, got {calls}, {warmup}")
     times: dict[str, list[float]] = {name: [] for name in translators}
     with torch.inference_mode():
         for round_ in range(warmup + calls):
@@ -69,7 +70,7 @@ def compare(xkv: Translator, lcfx: Translator, states: PairStates, calls: int = 
     """XKV vs LCF-X on the same states: both timings, the time ratio LCF-X ÷ XKV and the parameter
     ratio XKV ÷ LCF-X."""
     if (xkv.name, lcfx.name) != ("xkv", "lcfx"):
-        raise ValueError(f"compare(xkv, lcfx) got {xkv.name!r}, {lcfx.name!r}")
+        raise ConfigError(f"compare(xkv, lcfx) got {xkv.name!r}, {lcfx.name!r}")
     out = time_forwards({"xkv": xkv, "lcfx": lcfx}, states, calls, warmup)
     return {"xkv": out["xkv"], "lcfx": out["lcfx"],
             "time_ratio": out["lcfx"].median_ms / out["xkv"].median_ms,

@@ -32,6 +32,8 @@ from typing import Sequence, Union
 
 import torch
 
+from ..errors import ConfigError
+
 Chat = Union[str, Sequence[dict]]
 _SENTINEL = "\ue000{}\ue001"  # private-use characters: no template or tokenizer gives them meaning
 
@@ -221,7 +223,7 @@ def decoded_spans(tokenizer, text: str, ids: list[int], window: int = 8) -> list
 
     whole = dec(ids)
     if whole != text:
-        raise ValueError(f"{type(tokenizer).__name__}: decoding the prompt tokens does not reproduce the "
+        raise ConfigError(f"{type(tokenizer).__name__}: decoding the prompt tokens does not reproduce the "
                          f"prompt text, and the tokenizer gives no usable offsets: cannot align its tokens")
     spans, end = [], 0
     for t in range(len(ids)):
@@ -233,7 +235,7 @@ def decoded_spans(tokenizer, text: str, ids: list[int], window: int = 8) -> list
         spans.append((end, end + added) if added else (max(end - 1, 0), end))
         end += added
     if end != len(text):
-        raise ValueError(f"{type(tokenizer).__name__}: token-by-token decoding covers {end} of {len(text)} "
+        raise ConfigError(f"{type(tokenizer).__name__}: token-by-token decoding covers {end} of {len(text)} "
                          "characters: cannot align its tokens")
     return spans
 

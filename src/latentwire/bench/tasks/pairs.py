@@ -13,7 +13,7 @@ import hashlib
 import random
 from dataclasses import astuple, dataclass
 
-from ...errors import UnknownNameError
+from ...errors import ConfigError, UnknownNameError
 from . import facts, reasoning
 
 PAIR_TASKS = ("facts", "reasoning")
@@ -75,7 +75,7 @@ def doc_digest(text: str) -> str:
 
 
 def check_disjoint(*splits: list[Pair]) -> None:
-    """ValueError naming the pairs if any document occurs in two splits."""
+    """ConfigError naming the pairs if any document occurs in two splits."""
     seen: dict[str, str] = {}
     for group in splits:
         mine = {}
@@ -83,6 +83,6 @@ def check_disjoint(*splits: list[Pair]) -> None:
             for doc in (p.sharer_doc, p.receiver_doc):
                 d = doc_digest(doc)
                 if d in seen:
-                    raise ValueError(f"document of {p.id} also occurs in {seen[d]}: splits must not share documents")
+                    raise ConfigError(f"document of {p.id} also occurs in {seen[d]}: splits must not share documents")
                 mine[d] = p.id
         seen |= mine
