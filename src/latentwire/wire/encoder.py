@@ -15,6 +15,7 @@ import torch
 from ..errors import ConfigError, GeometryMismatchError
 from ..merge.fragments import Fragment, FragmentSet
 from ..message import Rows, Spans
+from ..placement import HOST
 from ..state import Geometry, KVState, canonical_json
 from .schema import (Body, Selection, TokenRows, WireFormatError, _check_fields, _check_tensors, _dtype_of, _header,
                      _ids, _want, content_digest)
@@ -132,8 +133,8 @@ def _tensors(obj, kind: str) -> dict[str, torch.Tensor]:
         return out
     if kind in ("spans", "spans_latent"):
         out = {"text": _utf8(obj.text, "tensors.text"),
-               "spans": torch.tensor(obj.spans, dtype=torch.int64, device="cpu").reshape(-1, 2),
-               "document": torch.tensor([obj.document], dtype=torch.int64, device="cpu")}  # host, like the text
+               "spans": torch.tensor(obj.spans, dtype=torch.int64, device=HOST).reshape(-1, 2),
+               "document": torch.tensor([obj.document], dtype=torch.int64, device=HOST)}  # host, like the text
         return out | ({"latents": obj.latents} if kind == "spans_latent" else {})
     if kind == "text":
         return {kind: _utf8(obj, "tensors.text")}
