@@ -34,8 +34,8 @@ demo: $(STAMP)
 # extra), then the unit tier and an install smoke in the newest-transformers environment without kvpress.
 test: test-full test-current
 
-# On both cores (pytest-xdist): ~1,790 tests in about 7 min on a 2-core Xeon with AMX; 1,855 in 10 min 15 s on a
-# 2-core EPYC without AVX512 (bf16 emulated: test_bf16 alone 400 s); the slowest ten are listed at the end.
+# On both cores (pytest-xdist): ~1,790 tests in about 7 min on a 2-core Xeon with AMX; 1,870 in 9 min 31 s on a
+# 2-core EPYC without AVX512 (bf16 emulated: test_bf16 alone 380 s); the slowest ten are listed at the end.
 test-full: $(STAMP)
 	$(BIN)/python -m pytest tests -q -n 2 --durations=10
 
