@@ -354,3 +354,62 @@ def test_dense_encoder_loads_quietly_and_refuses_a_partial_checkpoint(tmp_path, 
     BertModel(cfg, add_pooling_layer=False).save_pretrained(plain)
     AutoTokenizer.from_pretrained(model_source("all-MiniLM-L6-v2")).save_pretrained(plain)
     assert encoder(str(plain))[1].config.hidden_size == 16
+
+
+# -- where the document sits in the sender's prompt ----------------------------------------------------
+def _expected_rows(agent, text: str, start: int, document: str) -> list[int]:
+    """The rows of `text` (as `agent` tokenises it) that overlap `document` placed at `start`."""
+    offsets = agent.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    return [i for i, (a, b) in enumerate(offsets) if a < start + len(document) and b > start]
+
+
+def _document_rows_at(per_row) -> list[int]:
+    return [i for i, span in enumerate(per_row) if span is not None]
+
+
+@pytest.mark.parametrize("document", ["document.", "Read", "this"])
+def test_document_rows_find_the_document_not_the_instruction_that_holds_it(agent_for, document):
+    """A short document also in "Read this document." is the one after the instruction, not its first occurrence."""
+    agent = agent_for("llama")
+    prompt = SENDER_PROMPT.format(document=document)
+    text = agent.chat_text(prompt)
+    start = text.index(prompt) + len(prompt) - len(document)  # the prompt ends with the document
+    per_row, eligible = document_rows(agent, document, 200)
+    assert _document_rows_at(per_row) == _expected_rows(agent, text, start, document)
+    assert "".join(document[a:b] for a, b in filter(None, per_row)) == document
+    assert eligible.tolist() == [span is not None for span in per_row] + [False] * (200 - len(per_row))
+
+
+def test_document_rows_skip_a_system_prompt_and_a_question_that_hold_the_document(models):
+    """The chat template's system line ("Be brief.") and a question after the document may repeat it: neither the
+    first nor the last occurrence is the document, the one the prompt places is (retrieval maps the same rows)."""
+    from latentwire.agent import Agent
+    from latentwire.models import tiny_merged_tokenizer
+    from latentwire.protocols.base import QUESTION_SUFFIX
+
+    agent = Agent(models["llama"], tiny_merged_tokenizer(), model_name="llama-merged")  # "[system] Be brief."
+    document = "Be brief."
+    for prompt in (None, SENDER_PROMPT.format(document=document) + QUESTION_SUFFIX.format(question="Be brief.?")):
+        text = agent.chat_text(prompt or SENDER_PROMPT.format(document=document))
+        assert text.count(document) == 3 - (prompt is None)
+        start = text.index("Read this document.\n\n") + len("Read this document.\n\n")
+        per_row, _ = document_rows(agent, document, 200, prompt)
+        assert _document_rows_at(per_row) == _expected_rows(agent, text, start, document)
+    assert Retrieval(selector="lexical").units(agent, document).per_row == document_rows(agent, document, 200)[0]
+
+
+def test_document_rows_refuse_a_prompt_where_the_document_is_ambiguous_or_altered(agent_for, models):
+    from latentwire.agent import Agent
+    from latentwire.errors import TaskFormatError
+    from latentwire.models import tiny_merged_tokenizer
+
+    agent = agent_for("llama")
+    per_row, _ = document_rows(agent, "Oslo", 200, "Summarise: Oslo")  # a prompt of the caller's: its one occurrence
+    assert "".join("Oslo"[a:b] for a, b in filter(None, per_row)) == "Oslo"
+    with pytest.raises(TaskFormatError, match="more than once"):
+        document_rows(agent, "Oslo", 200, "Oslo or Oslo?")
+    with pytest.raises(TaskFormatError, match="does not hold"):
+        document_rows(agent, "Oslo", 200, "Summarise: Bergen")
+    trimming = Agent(models["llama"], tiny_merged_tokenizer(), model_name="llama-merged")  # `| trim` on content
+    with pytest.raises(TaskFormatError, match="altered"):
+        document_rows(trimming, "Oslo.\n", 200)

@@ -33,7 +33,7 @@ from ..select import (SELECTORS, SPAN, TextSelector, check_sentence_options, con
                       unit_texts)
 from .base import after_first, SENDER_PROMPT, Outcome, Protocol, register
 from .cacheback import SPAN_MODES
-from .documents import kept_document_spans, token_document_spans
+from .documents import chat_document, kept_document_spans, token_document_spans
 from .reads import held_value
 
 
@@ -102,7 +102,8 @@ class Retrieval(Protocol):
 
     def units(self, sender: Agent, document: str, index: bool = False) -> Units:
         """The query-blind part of a sender's pick (`Units`); with `index`, the selector's index of the units too."""
-        per_row = token_document_spans(sender, sender.chat_text(SENDER_PROMPT.format(document=document)), document)
+        text, start = chat_document(sender, SENDER_PROMPT.format(document=document), document)
+        per_row = token_document_spans(sender, text, document, start)
         eligible = torch.tensor([sp is not None for sp in per_row], dtype=torch.bool, device=HOST)  # (T,) text work
         keep = torch.zeros_like(eligible)  # nothing is always sent: no first or latent rows in text
         groups = sentence_groups(per_row, document, 2 * self.span) if self.span_mode == "sentence" else None
