@@ -192,6 +192,12 @@ def test_resume_drops_a_line_cut_short_and_refuses_another_n(tiny_task, tmp_path
     assert first != resumed and [r["run"] for r in again] == [first, first, resumed]
     with pytest.raises(ConfigError):
         run(RunConfig(str(tiny_task), "alone(max_new_tokens=1)", "llama", n=2), out, progress=False, agent=agent)
+    good = (out / "records.jsonl").read_text()
+    torn = good.replace("\n", "\n{torn\n", 1)  # a bad line mid-file is not a crash's cut last line: refused, kept
+    (out / "records.jsonl").write_text(torn)
+    with pytest.raises(ConfigError, match=r"records\.jsonl: line 2 is not a JSON record"):
+        run(cfg, out, progress=False, agent=agent)
+    assert (out / "records.jsonl").read_text() == torn
 
 
 def test_one_run_per_folder_and_files_written_whole(tiny_task, tmp_path, monkeypatch):

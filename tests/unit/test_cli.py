@@ -140,6 +140,9 @@ def test_agent_and_serve_arguments_are_checked_before_anything_loads(monkeypatch
     assert cli.main(["serve", "--senders", "0"]) == 2
     assert cli.main(["serve", "--dtype", "fp64"]) == 2
     assert "--senders must be" in capsys.readouterr().err
+    for argv in (["serve", "--num-cpus", "0"], ["demo", "--transport", "ray", "--num-cpus", "-1"]):
+        assert cli.main(argv) == 2  # refused before Ray starts or a model loads (not silently 2)
+        assert "--num-cpus must be ≥ 1" in capsys.readouterr().err
 
 
 def test_bench_report_refuses_a_compare_label_the_run_does_not_hold(tmp_path, capsys):

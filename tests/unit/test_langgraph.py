@@ -108,6 +108,9 @@ def test_bad_graph_state_and_bad_nodes_get_typed_errors(agents):
         fanin_node("text,fullkv", agents)
     with pytest.raises(ConfigError, match="not both"):
         fanin_node(SPEC, agents, transport=InProcessTransport())
+    for name in ("text", "retrieval"):  # in process only: refused when built, not at every graph step
+        with pytest.raises(ConfigError, match="no distributed runner"):
+            fanin_node(name, transport=InProcessTransport(), receiver="r")
     for bad in (-1, True, 1.5):  # a byte bound is a whole number ≥ 0 (2e9 is one)
         with pytest.raises(ConfigError, match="max_bytes"):
             fanin_node(SPEC, agents, receiver="r", max_held_bytes=bad)

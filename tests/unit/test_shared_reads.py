@@ -371,3 +371,19 @@ def test_kv_and_rows_senders_on_gemma3_keep_separate_reads_in_one_block(agent_fo
     held_rows = sorted({len(s.layers[0].positions) for s in states})  # layer 0 is a sliding layer
     assert held_rows[0] == window - 1 and held_rows[-1] == len(states[-1])
     assert not rows.details["senders"][0]["shared_read"] and not kv.details["senders"][0]["shared_read"]
+
+
+def test_held_keys_name_documents_by_digest_not_by_a_copy(agent_for):
+    """A held read, report or retriever index is keyed by its prompt's SHA-256: no key holds the document, and a
+    different document (one character apart) is a different entry."""
+    agent = agent_for("llama")
+    docs = ["Ada led Orion in Lisbon. " * 8, "Ada led Orion in Lisboa. " * 8]
+    held = HeldReads()
+    with shared_reads(held):
+        for name, kw in [("text", {"read": "held", "max_report_tokens": 3}), ("retrieval", {"read": "held"})]:
+            get_protocol(name, max_new_tokens=1, **kw).run([agent] * 2, docs, agent, "Where did Ada lead Orion?")
+    kinds = sorted({k[0] if k[0] in ("report", "index") else "read" for k in held.memo})
+    assert kinds == ["index", "read", "report"]
+    parts = [p for k in held.memo for p in k if isinstance(p, str)]
+    assert not any("Orion" in p for p in parts) and sum(p.startswith("sha256:") for p in parts) >= 6
+    assert held.reads_computed == 2 and held.indexes_computed == 2  # one per document: the digests differ

@@ -152,11 +152,40 @@ def test_receiver_rejects_untrusted_unsigned_and_garbled_messages(tokenizer):
     assert t.run("r", fanin_answer, spec, QUESTION, packed)["signed_by"] == [key_id(t.public_keys()["a"])]
 
 
+def test_token_rows_past_the_vocabulary_or_without_a_model_are_refused_typed():
+    """An id past the receiver's embedding table is a WireFormatError naming the field (on CPU it would be a raw
+    IndexError, on CUDA a device assert); a node without a model cannot rebuild token rows: TransportError."""
+    import torch
+
+    from latentwire.transport import TransportError
+    from latentwire.wire import TokenRows, encode
+
+    node = Node("r", AgentSpec.tiny(ARCH), NodeConfig(wire=True))
+    vocab = node.agent.model.get_input_embeddings().num_embeddings
+    d = node.agent.geometry.hidden_size
+
+    def message(ids):
+        return encode(TokenRows(torch.tensor(ids), torch.zeros(ids.count(-1), d)), protocol="cacheback",
+                      sender_geometry=node.agent.geometry)
+
+    assert len(node.unpack(message([3, vocab - 1, -1])).body) == 3  # the last id in the table: fine
+    with pytest.raises(WireFormatError, match=rf"tensors.token_ids: id {vocab} is past node 'r'"):
+        node.unpack(message([3, vocab]))
+    bare = Node("bare", None, NodeConfig(wire=True))
+    with pytest.raises(TransportError, match="holds no model"):
+        bare.unpack(message([3]))
+
+
 def test_configuration_errors(zero_copy):
     with pytest.raises(ConfigError, match="no distributed runner"):
         run_protocol(zero_copy, get_protocol("text"), [SENDERS[0]], [DOCS[0]], RECEIVER, QUESTION)
     with pytest.raises(ConfigError, match="on_lost"):
         run_protocol(zero_copy, _protocol("fullkv"), [SENDERS[0]], [DOCS[0]], RECEIVER, QUESTION, on_lost="x")
+    with pytest.raises(ConfigError, match="2 senders for 1 documents"):
+        run_protocol(zero_copy, _protocol("fullkv"), list(SENDERS), [DOCS[0]], RECEIVER, QUESTION)
+    for key in ("cacheback", "chain"):  # not NodeLostError (nothing was lost) nor a chain unpacking None
+        with pytest.raises(ConfigError, match="no senders"):
+            run_protocol(zero_copy, _protocol(key), [], [], RECEIVER, QUESTION)
     with pytest.raises(UnknownNameError):
         get_transport("carrier-pigeon")
     with pytest.raises(NodeLostError):
@@ -292,3 +321,27 @@ def test_chain_with_a_dead_hop_names_it():
         with pytest.raises(NodeLostError) as err:
             run_protocol(t, _protocol("chain"), ["h0", "h1"], list(DOCS[:2]), "r", QUESTION)
         assert err.value.node == "h1"
+
+
+def test_ray_missing_is_the_missing_extra_error(monkeypatch):
+    """Without Ray the transport says which extra to install, with the type the runners stop early on."""
+    import sys
+
+    from latentwire.errors import MissingExtraError
+    from latentwire.transport import ray_transport
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now raises ImportError
+    with pytest.raises(MissingExtraError, match=r"latentwire\[ray\]"):
+        ray_transport._ray()
+
+
+def test_a_replica_delta_that_is_not_fragments_is_refused_typed():
+    """A misbehaving peer sending a text message as a replica delta: WireFormatError naming the body, not a bare
+    TypeError from inside the merge; the replica is unchanged."""
+    from latentwire.transport.replication import replica_absorb
+
+    peer, node = (Node(n, AgentSpec.tiny(ARCH), NodeConfig(wire=True)) for n in ("p", "q"))
+    before = node.replica
+    with pytest.raises(WireFormatError, match="body: a replica delta is a fragment set, node 'q' received str"):
+        replica_absorb(node, peer.pack("not fragments", protocol="replica"))
+    assert node.replica is before

@@ -165,6 +165,16 @@ def test_text_round_trip(llama, text):
     assert m.body == text and m.dtype is None and m.to_bytes() == data
 
 
+def test_text_that_is_not_unicode_is_refused_typed(llama):
+    """A lone surrogate (JSON can carry "\\ud800") has no UTF-8 bytes: encode refuses it as decode would, naming the
+    field, for a text message and for spans."""
+    from latentwire.message import Spans
+
+    for body in ("ok \ud800", Spans("o\udfff", ((0, 2),))):
+        with pytest.raises(WireFormatError, match=r"tensors.text: not valid Unicode \(surrogates not allowed at"):
+            wire.encode(body, protocol="text", sender_geometry=llama.geometry)
+
+
 def test_fragments_round_trip_and_digest_check(llama, state):
     fs = FragmentSet.of(state.select([0, 1]), state.select([2, 3, 4]))
     for body in (fs, FragmentSet(), Fragment.of(state.select([5]))):

@@ -199,14 +199,21 @@ def replace_text(path: Path, text: str) -> None:
 
 def drop_cut_lines(rec_path: Path) -> None:
     """Rewrite a records file without a last line cut short by a crash (before a run appends to it again); a file
-    with nothing to drop is left untouched."""
+    with nothing to drop is left untouched. Any other line that does not parse is refused (ConfigError naming it),
+    not dropped: a record is never lost silently."""
     if not rec_path.exists():
         return
     text = rec_path.read_text(encoding="utf-8")
     lines = jsonl_lines(text)
-    good = [line for line in lines if parse_line(line)]
-    if len(good) < len(lines) or (text and not text.endswith("\n")):
-        replace_text(rec_path, "".join(line + "\n" for line in good))
+    if lines and parse_line(lines[-1]) is None:
+        lines.pop()  # cut short by a crash (or written whole but torn): the run computes it again
+    bad = next((n for n, line in enumerate(lines, 1) if parse_line(line) is None), None)
+    if bad is not None:
+        raise ConfigError(f"{rec_path}: line {bad} is not a JSON record (not a crash's cut last line: two runs "
+                          "writing at once?); mend or remove it, then resume")
+    kept = "".join(line + "\n" for line in lines)
+    if kept != text:
+        replace_text(rec_path, kept)
 
 
 def finished(rec_path: Path, key: str) -> set[tuple[str, str]]:

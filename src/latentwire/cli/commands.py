@@ -105,6 +105,7 @@ def _demo_ray(args) -> int:
     from ..transport import AgentSpec
     from ..transport.demo import demo
 
+    num_cpus = _num_cpus(args)
     for name in ("fullkv", "cacheback"):  # a bad --ratio, --latent-steps or placement: refused before Ray starts
         get_protocol(name, latent_steps=args.latent_steps, latent_mode=args.latent_mode,
                      **({"ratio": args.ratio} if name == "cacheback" else {}))
@@ -112,7 +113,7 @@ def _demo_ray(args) -> int:
     hf_logging.disable_progress_bar()
     rows = demo(AgentSpec.pretrained(args.model, device=args.device, dtype=args.dtype), args.senders,
                 args.latent_steps, args.latent_mode, ratio=args.ratio, address=args.address,
-                num_cpus=args.num_cpus or 2, attach=args.attach)
+                num_cpus=num_cpus, attach=args.attach)
     print("\nper protocol: correct / episodes")
     for name in dict.fromkeys(r[0] for r in rows):
         oks = [ok for n, _, ok, _ in rows if n == name]
@@ -130,10 +131,22 @@ def _serve(args) -> int:
 
     if args.senders < 1:
         raise ConfigError(f"--senders must be ≥ 1, got {args.senders}")
+    num_cpus = _num_cpus(args)
     resolve(args.device, args.dtype)  # a bad placement: refused before Ray starts
     hf_logging.disable_progress_bar()
     return serve(AgentSpec.pretrained(args.model, device=args.device, dtype=args.dtype), args.senders,
-                 address=args.address, num_cpus=args.num_cpus or 2)
+                 address=args.address, num_cpus=num_cpus)
+
+
+def _num_cpus(args) -> int:
+    """--num-cpus for a local Ray: default 2; 0 or fewer is refused (not silently 2, nor handed to Ray)."""
+    from ..errors import ConfigError
+
+    if args.num_cpus is None:
+        return 2
+    if args.num_cpus < 1:
+        raise ConfigError(f"--num-cpus must be ≥ 1, got {args.num_cpus}")
+    return args.num_cpus
 
 
 def _bench_run(args) -> int:

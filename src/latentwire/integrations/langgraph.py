@@ -23,7 +23,8 @@ its nodes and every step reads afresh (held reads are an in-process feature for 
 
 A handle names one (sender, model, dtype, document); it is stable across processes, but the held state is not:
 after a restart a handle without its document is refused (`ConfigError`), with the documents it simply reads
-again.
+again. The node keeps each handle's document text (not its KV) until `release()`, so a handle whose read
+`HeldReads` dropped still works: that sender reads its document again.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from ..errors import ConfigError, UnknownNameError
 from ..protocols import Protocol, get_protocol
 from ..protocols.reads import HeldReads, shared_reads
 from ..transport import Transport, run_protocol
+from ..transport.run import check_runner
 
 class FaninState(TypedDict, total=False):
     """The graph-state keys the node reads and writes (use it as, or merge it into, your graph's schema)."""
@@ -98,6 +100,8 @@ class FaninNode:
         if bad := sorted({type(a).__name__ for a in self.agents.values() if not isinstance(a, Agent)}):
             raise ConfigError(f"agents must map names to latentwire Agents (Agent.from_pretrained(...)), got "
                               f"{', '.join(bad)}")
+        if self.transport is not None:
+            check_runner(self.protocol)  # text, retrieval, ... run in process only: refused now, not at every step
         if self.receiver is not None and self.transport is None and self.receiver not in self.agents:
             raise UnknownNameError("receiver agent", str(self.receiver), tuple(self.agents))
         self.held = HeldReads(self.max_held_bytes)
@@ -177,7 +181,7 @@ class FaninNode:
             elif reads[s] in self._documents:
                 texts.append(self._documents[reads[s]])
             else:
-                raise ConfigError(f"sender {s!r}: handle {reads[s]!r} is not held here (released, evicted or another "
+                raise ConfigError(f"sender {s!r}: handle {reads[s]!r} is not held here (released, or another "
                                   "process); put its document in 'documents' to read it again")
         receiver = state.get("receiver") or self.receiver
         if not isinstance(receiver, str):

@@ -24,10 +24,12 @@ memo across blocks, one block per question. A read computed in an earlier block 
 question arrived, so it is charged 0 s: the protocol's sender seconds and TTEOA are then *question-time*
 (`Read.held` says so). `HeldReads` bounds the bytes it keeps (least recently used reads go first) and
 counts the reads it computed, so "read once for k questions" is checkable. A retriever that holds its document
-keeps its index in the same memo (`held_value`), bounded and dropped with the reads.
+keeps its index in the same memo (`held_value`), bounded and dropped with the reads. Memo keys name prompts and
+documents by their SHA-256 (`text_key`), so a held entry's key costs 71 bytes of text, not a copy of its document.
 """
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 import types
@@ -51,6 +53,11 @@ class Read(NamedTuple):
     seconds: float  # measured prefill + latent steps of this state (charged to every protocol using it); 0 if held
     shared: bool  # True when an earlier protocol in the same `shared_reads()` block computed it
     held: bool = False  # True when it was read before this question (an earlier block of the same HeldReads)
+
+
+def text_key(text: str) -> str:
+    """A prompt's or document's name in a memo key: its SHA-256, so the key does not hold a copy of the text."""
+    return "sha256:" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class HeldReads:
@@ -199,7 +206,8 @@ def read(sender: Agent, prompt: str, latent_steps: int, latent_mode: str, full_h
         state = sender.think(sender.prefill(prompt, full_history=full), latent_steps, latent_mode, full)
         return Read(state, time.perf_counter() - t0, False)
     held = _HELD.get()
-    who = (sender.uid, sender.model_name, str(sender.dtype), str(sender.device), prompt) + (("full",) if full else ())
+    who = (sender.uid, sender.model_name, str(sender.dtype), str(sender.device), text_key(prompt)) + (
+        ("full",) if full else ())
     key = who + (latent_steps, latent_mode) if latent_steps else who  # G = 0: the finished state is the prefill
     if key in memo:
         state, charged, was_held = _serve(memo, held, key)
@@ -273,7 +281,7 @@ def report(sender: Agent, prompt: str, max_new_tokens: int) -> Report:
     """The sender's greedy answer to `prompt` (a report) capped at `max_new_tokens`. Inside `shared_reads()`
     one decode per (sender, prompt) serves every cap it covers (`Answer.truncated`); a cap beyond what a
     capped decode reached decodes again, and that longer decode is kept for the next."""
-    key = ("report", sender.uid, sender.model_name, str(sender.dtype), str(sender.device), prompt)
+    key = ("report", sender.uid, sender.model_name, str(sender.dtype), str(sender.device), text_key(prompt))
     return _capped(sender, key, lambda cap: sender.answer(prompt, max_new_tokens=cap), max_new_tokens)
 
 
@@ -282,7 +290,8 @@ def report_after(sender: Agent, prompt: str, user: str, max_new_tokens: int) -> 
     the question, shared like any `read`; the question comes as a new turn `user` after it, and only that turn
     is prefilled (`Agent.answer_after`). Decodes are shared across caps as in `report`."""
     r = read(sender, prompt, 0, "rescale")
-    key = ("report", sender.uid, sender.model_name, str(sender.dtype), str(sender.device), prompt, "after", user)
+    key = ("report", sender.uid, sender.model_name, str(sender.dtype), str(sender.device), text_key(prompt), "after",
+           text_key(user))
     return _capped(sender, key, lambda cap: sender.answer_after(r.state, user, max_new_tokens=cap), max_new_tokens), r
 
 

@@ -34,7 +34,7 @@ from ..select import (SELECTORS, SPAN, TextSelector, check_sentence_options, con
 from .base import after_first, SENDER_PROMPT, Outcome, Protocol, register
 from .cacheback import SPAN_MODES
 from .documents import chat_document, kept_document_spans, token_document_spans
-from .reads import held_value
+from .reads import held_value, text_key
 
 
 READS = ("with_question", "held")  # when the query-blind work is done: after the question, or before it (held)
@@ -140,7 +140,7 @@ class Retrieval(Protocol):
         index), the units (span mode, span, context) and the selector with its parameters (its dataclass repr); not
         the budget or the fill."""
         return ("index", sender.uid, sender.model_name, repr(self._selector), self.span_mode, self.span,
-                self.context, sender.chat_text(SENDER_PROMPT.format(document=document)))
+                self.context, text_key(sender.chat_text(SENDER_PROMPT.format(document=document))))
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
         picked = [self.pick(sender, doc, question) for sender, doc in self._pair(senders, documents)]

@@ -208,6 +208,13 @@ class Node:
                            None if msg.signed_by is None else msg.signed_by.hex(), len(packed))
             body = msg.body
         if isinstance(body, wire.TokenRows):
+            if self.agent is None:
+                raise TransportError(f"node {self.name!r} holds no model: token rows need its embedding table")
+            vocab = self.agent.model.get_input_embeddings().num_embeddings
+            top = int(body.token_ids.max()) if len(body) else -1
+            if top >= vocab:  # checked here: an id past the table is an IndexError on CPU, a device assert on CUDA
+                raise wire.WireFormatError("tensors.token_ids", f"id {top} is past node {self.name!r}'s vocabulary "
+                                                                f"of {vocab}")
             out = Received(body.to_rows(self.agent.embed), out.protocol, out.positions, out.selection,
                            out.signed_by, out.wire_bytes)
         return out

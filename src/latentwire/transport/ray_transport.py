@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from ..errors import ConfigError, LatentWireError
+from ..errors import ConfigError, LatentWireError, MissingExtraError
 from .base import Node, NodeConfig, NodeLostError, Transport, TransportError
 
 NAMESPACE = "latentwire"
@@ -24,8 +24,8 @@ NAMESPACE = "latentwire"
 def _ray():
     try:
         import ray
-    except ImportError as e:  # pragma: no cover - exercised only without the extra
-        raise ConfigError('the Ray transport needs Ray: pip install "latentwire[ray]"') from e
+    except ImportError as e:
+        raise MissingExtraError("the Ray transport", "ray", "ray") from e
     return ray
 
 

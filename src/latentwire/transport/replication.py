@@ -48,7 +48,13 @@ def replica_absorb(node, packed) -> int:
     """Merge a delta into this replica; returns how many fragments were new here."""
     if packed is None:
         return 0
+    from ..merge import FragmentSet
+    from ..wire import WireFormatError
+
     got = node.unpack(packed, expect=False).body
+    if not isinstance(got, FragmentSet):  # a misbehaving peer: say so, do not fail inside the merge
+        raise WireFormatError("body", f"a replica delta is a fragment set, node {node.name!r} received "
+                                      f"{type(got).__name__}")
     before = len(node.replica)
     node.replica = node.replica.merge(got)
     return len(node.replica) - before

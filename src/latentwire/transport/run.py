@@ -216,10 +216,13 @@ def run_protocol(transport: Transport, protocol: Protocol | tuple[str, dict], se
 
     if isinstance(protocol, tuple):
         protocol = get_protocol(protocol[0], **protocol[1])
+    check_runner(protocol)
     if on_lost not in ON_LOST:
         raise ConfigError(f"on_lost: want one of {ON_LOST}, got {on_lost!r}")
     if len(senders) != len(documents):
-        raise ValueError(f"{len(senders)} senders for {len(documents)} documents")
+        raise ConfigError(f"{len(senders)} senders for {len(documents)} documents: want one document per sender")
+    if not senders:
+        raise ConfigError("no senders: run_protocol needs at least one sender and its document")
     spec = protocol_spec(protocol)
     t0 = time.perf_counter()
     if isinstance(protocol, CacheBackChain):
@@ -232,12 +235,20 @@ def run_protocol(transport: Transport, protocol: Protocol | tuple[str, dict], se
                         "fullkv": (fullkv_send, fanin_answer)}[kind]
         out = _run_fanin(transport, spec, kind, send, answer, senders, documents, receiver, question, on_lost,
                          after_dispatch)
-    else:
-        raise ConfigError(f"protocol {protocol.name!r} has no distributed runner; run_protocol supports "
-                          "cacheback, cacheback_x, cacheback_chain, fullkv and merge")
     out.details["wall_s"] = time.perf_counter() - t0
     out.details["transport"] = transport.name
     return out
+
+
+def check_runner(protocol) -> None:
+    """ConfigError unless `run_protocol` has a distributed runner for `protocol` (asked before anything runs)."""
+    from ..protocols.cacheback import CacheBack
+    from ..protocols.cacheback_chain import CacheBackChain
+    from ..protocols.fullkv import FullKV
+
+    if not isinstance(protocol, (CacheBackChain, CacheBack, FullKV)):
+        raise ConfigError(f"protocol {protocol.name!r} has no distributed runner; run_protocol supports "
+                          "cacheback, cacheback_x, cacheback_chain, fullkv and merge")
 
 
 def _check_readers_first(t: Transport, spec, senders, documents, receiver, question, on_lost) -> None:

@@ -131,16 +131,23 @@ def _tensors(obj, kind: str) -> dict[str, torch.Tensor]:
                     f"layers.{i}.positions": layer.positions}
         return out
     if kind in ("spans", "spans_latent"):
-        out = {"text": _utf8(obj.text), "spans": torch.tensor(obj.spans, dtype=torch.int64).reshape(-1, 2),
+        out = {"text": _utf8(obj.text, "tensors.text"),
+               "spans": torch.tensor(obj.spans, dtype=torch.int64).reshape(-1, 2),
                "document": torch.tensor([obj.document], dtype=torch.int64)}  # host tensors, like the text
         return out | ({"latents": obj.latents} if kind == "spans_latent" else {})
-    raw = obj.encode("utf-8") if kind == "text" else obj.to_bytes()
-    return {kind: torch.from_numpy(numpy.frombuffer(raw, dtype=numpy.uint8).copy())}  # host bytes, empty or not
+    if kind == "text":
+        return {kind: _utf8(obj, "tensors.text")}
+    return {kind: torch.from_numpy(numpy.frombuffer(obj.to_bytes(), dtype=numpy.uint8).copy())}  # host bytes
 
 
-def _utf8(text: str) -> torch.Tensor:
-    """(nbytes,) uint8 on the host: the UTF-8 bytes of `text`."""
-    return torch.from_numpy(numpy.frombuffer(text.encode("utf-8"), dtype=numpy.uint8).copy())
+def _utf8(text: str, field: str) -> torch.Tensor:
+    """(nbytes,) uint8 on the host: the UTF-8 bytes of `text`; text that is not valid Unicode (a lone surrogate, as
+    JSON can carry) is a WireFormatError naming `field`, as decode would refuse those bytes."""
+    try:
+        raw = text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise WireFormatError(field, f"not valid Unicode ({e.reason} at character {e.start})") from None
+    return torch.from_numpy(numpy.frombuffer(raw, dtype=numpy.uint8).copy())
 
 
 def _own(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
