@@ -29,16 +29,16 @@ def test_sentence_groups_end_at_sentences_lines_and_length():
     per_row = [None] + _rows_of(doc, pieces) + [None, None]  # template rows around the document
     groups = sentence_groups(per_row, doc, max_len=32)
     text = lambda g: "".join(doc[per_row[r][0]:per_row[r][1]] for r in g)  # noqa: E731
-    assert [text(g) for g in groups] == ["Ada led Orion.", " Bo led Vega in Oslo.\n", "Budget: 40k\n", "End"]
+    assert [text(g) for g in groups] == ["Ada led Orion.", " Bo led Vega in Oslo.", "Budget: 40k\n", "End"]
     assert all(per_row[r] is not None for g in groups for r in g)  # never outside the document's rows
     short = sentence_groups(per_row, doc, max_len=2)
-    assert max(map(len, short)) <= 2 and sum(map(len, short)) == len(pieces)
+    assert max(map(len, short)) <= 2 and sum(map(len, short)) == len(pieces) - 1  # all but the lone "\n" row
     assert sentence_groups(per_row, doc, max_len=32) == groups  # deterministic
 
 
-def test_sentence_groups_give_whitespace_rows_no_group_of_their_own():
-    """Blank lines (code) join the line before them; whitespace before the first text joins it; only a document of
-    whitespace alone is a whitespace group. Order, coverage and the max_len cut still hold."""
+def test_sentence_groups_leave_out_parts_of_whitespace_alone():
+    """Blank lines (code) and trailing spaces form no unit, so they never compete for a budget; a line's own newline
+    and indentation stay in its group; a sentence at max_len is not cut because blank lines follow it."""
     from latentwire.select import sentence_groups
 
     doc = "\n\nimport os\n\n\ndef f():\n    \n    return 1\n  "
@@ -47,14 +47,22 @@ def test_sentence_groups_give_whitespace_rows_no_group_of_their_own():
     per_row = [None] + _rows_of(doc, pieces) + [None]
     text = lambda g: "".join(doc[per_row[r][0]:per_row[r][1]] for r in g)
     groups = sentence_groups(per_row, doc, max_len=32)
-    assert [text(g) for g in groups] == ["\n\nimport os\n\n\n", "def f():\n    \n", "    return 1\n  "]
-    assert [r for g in groups for r in g] == list(range(1, len(pieces) + 1))  # every document row, in order
-    short = sentence_groups(per_row, doc, max_len=3)
-    assert max(map(len, short)) <= 3 and [r for g in short for r in g] == list(range(1, len(pieces) + 1))
-    blank = "\n \n\n"
-    assert sentence_groups(_rows_of(blank, ["\n", " ", "\n", "\n"]), blank) == [[0, 1, 2, 3]]  # whitespace alone
-    gap = [(0, 2), None, (3, 4), (4, 5), None, (6, 8)]  # "A." | gap | " \n" | gap | "B."
-    assert sentence_groups(gap, "A.\n \n\nB.") == [[0], [2, 3], [5]]  # cut off by gaps: it stays a group
+    assert [text(g) for g in groups] == ["import os\n", "def f():\n", "    return 1\n"]
+    assert sentence_groups(_rows_of("\n \n\n", ["\n", " ", "\n", "\n"]), "\n \n\n") == []  # nothing to select
+    words = [f" w{i}" for i in range(31)] + [".", "\n", "\n", "\n"]
+    long = "".join(words)
+    assert [len(g) for g in sentence_groups(_rows_of(long, words), long, max_len=32)] == [32]  # whole, then nothing
+
+
+def test_sentence_groups_cut_long_sentences_into_near_equal_parts_and_keep_no_break_spaces():
+    from latentwire.select import sentence_groups
+
+    doc = "abcdefg"
+    assert [len(g) for g in sentence_groups(_rows_of(doc, list(doc)), doc, max_len=3)] == [3, 2, 2]  # not 3, 3, 1
+    doc = "Mr.\u00a0Smith came. He left."
+    pieces = ["Mr", ".", "\u00a0Smith", " came", ".", " He", " left", "."]
+    groups = sentence_groups(_rows_of(doc, pieces), doc)
+    assert ["".join(pieces[r] for r in g) for g in groups] == ["Mr.\u00a0Smith came.", " He left."]
 
 
 @pytest.mark.parametrize("tokens", ["words", "characters"])
@@ -251,8 +259,8 @@ def test_context_rows_name_each_sentences_paragraph_lead_or_predecessor():
     per_row = [(m.start(), m.end()) for m in rows]
     groups = sentence_groups(per_row, doc, 32)
     texts = [doc[per_row[g[0]][0]:per_row[g[-1]][1]] for g in groups]
-    assert texts == ["Ann moved here.", " She keeps bees.\n\n", "Bo sings.", " He drinks tea.", " He rows.\n",
-                     "New line here."]  # newline rows end the group before them
+    assert texts == ["Ann moved here.", " She keeps bees.", "Bo sings.", " He drinks tea.", " He rows.",
+                     "New line here."]  # rows of newlines alone are no group
     lead = context_rows(groups, per_row, doc, "lead")
     prev = context_rows(groups, per_row, doc, "previous")
     g = groups

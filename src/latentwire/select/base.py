@@ -250,7 +250,7 @@ def context_rows(groups: list[list[int]], per_row: list, document: str, kind: st
     paragraph's first sentence takes nothing; groups of whitespace alone neither take nor give."""
     if kind not in CONTEXTS:
         raise ValueError(f"context must be one of {CONTEXTS}, got {kind!r}")
-    breaks = [m.end() for m in re.finditer(r"\n[ \t]*\n", document)]  # paragraph starts (after each blank line)
+    breaks = [m.end() for m in re.finditer(r"\n[ \t\r]*\n", document)]  # paragraph starts (after each blank line)
     para = [bisect.bisect_right(breaks, _text_start(g, per_row, document)) for g in groups]  # paragraph of each group
     text = [any(document[per_row[r][0]:per_row[r][1]].strip() for r in g) for g in groups]  # not newlines alone
     out, first, last = [], {}, {}  # per paragraph: its first and its latest text group so far (one pass)
@@ -315,7 +315,9 @@ def candidate_rows(keep: torch.Tensor, eligible: torch.Tensor | None = None) -> 
 
 
 _CLOSERS = "\"'”’)\\]」』）"  # closing quotes and brackets that may follow a sentence's stop
-_SENTENCE_END = re.compile(rf"[.!?][{_CLOSERS}]*(?=\s|\Z)|[。！？][{_CLOSERS}]*")  # its end: where the match ends
+# A sentence's end (where the match ends): a stop and its closers before whitespace other than a no-break space
+# ("Mr.\u00a0Smith" is one sentence) or the document's end; or a CJK stop, no whitespace needed.
+_SENTENCE_END = re.compile(rf"[.!?][{_CLOSERS}]*(?=[^\S\u00a0\u202f]|\Z)|[。！？][{_CLOSERS}]*")
 
 
 def sentence_groups(per_row: list[tuple[int, int] | None], document: str, max_len: int = 2 * SPAN) -> list[list[int]]:
@@ -324,18 +326,18 @@ def sentence_groups(per_row: list[tuple[int, int] | None], document: str, max_le
     per_row: for each row of a sender state, the character span of `document` it covers (None for
     template rows), as `protocols.cacheback.document_rows` gives. A group ends after a row whose text
     ends a line (holds a newline) or holds the end of a sentence — ".", "!" or "?" and any closing quotes or
-    brackets after it (`"'”’)]」』）`), followed by whitespace or the end of the document (not "3.14", not "e.g.x"),
-    or 。！？ (and closers), no whitespace needed — unless the next row covers that end too (the other bytes of
-    one character) — or at a gap in the document rows. Rows of whitespace alone (blank lines) form no group of
-    their own: they join the group before them, or, at the document's start or after a gap, the one after them
-    (only whitespace cut off by gaps on both sides, or a document of whitespace alone, stays a group). Groups over
-    `max_len` rows are then cut into near-equal parts (a part can be whitespace alone only where a cut falls in
-    the whitespace a group ends or begins with). Groups are in document order and never leave the document's rows.
+    brackets after it (`"'”’)]」』）`), followed by whitespace other than a no-break space, or the end of the
+    document (not "3.14", not "e.g.x"), or 。！？ (and closers), no whitespace needed — unless the next row covers
+    that end too (the other bytes of one character) — or at a gap in the document rows. A group over `max_len`
+    rows is cut into near-equal parts (sizes differ by at most one). Parts of whitespace alone (a blank line in
+    code, the spaces after a document's last line) are left out: they hold nothing to select, so they never
+    compete for a budget, and their rows are sent only inside a group. Groups are in document order and never
+    leave the document's rows.
     """
     if max_len < 1:
         raise ValueError(f"max_len must be ≥ 1, got {max_len}")
     ends = [m.end() for m in _SENTENCE_END.finditer(document)]
-    lines, current = [], []
+    groups, current = [], []
     rows = [r for r, sp in enumerate(per_row) if sp is not None]
     for k, r in enumerate(rows):
         current.append(r)
@@ -344,35 +346,20 @@ def sentence_groups(per_row: list[tuple[int, int] | None], document: str, max_le
         i = bisect.bisect_right(ends, a)  # the first sentence end after the row's start
         stop = i < len(ends) and ends[i] <= b and (nxt is None or per_row[nxt][0] >= ends[i])
         if "\n" in document[a:b] or stop or nxt != r + 1:
-            lines.append(current)
+            groups += [part for part in _split_even(current, max_len)
+                       if document[per_row[part[0]][0]:per_row[part[-1]][1]].strip()]
             current = []
-    return [part for group in _join_whitespace(lines, per_row, document) for part in _split_even(group, max_len)]
-
-
-def _join_whitespace(groups: list[list[int]], per_row: list, document: str) -> list[list[int]]:
-    """`groups` (runs of consecutive rows, in order) with each group of whitespace alone joined to the group just
-    before it, else (nothing before it without a gap) held for the one just after it; held whitespace with a gap
-    after it (or at the end) stays a group of its own."""
-    out, held = [], []
-    for group in groups:
-        blank = not document[per_row[group[0]][0]:per_row[group[-1]][1]].strip()
-        if held and held[-1] + 1 != group[0]:  # a gap after the held whitespace: it stays alone
-            out.append(held)
-            held = []
-        if blank and not held and out and out[-1][-1] + 1 == group[0]:
-            out[-1] = out[-1] + group
-        elif blank:
-            held = held + group
-        else:
-            out.append(held + group)
-            held = []
-    return out + [held] if held else out
+    return groups
 
 
 def _split_even(rows: list[int], max_len: int) -> list[list[int]]:
+    """`rows` cut into the fewest parts of at most `max_len`, their sizes differing by at most one (larger first)."""
     parts = math.ceil(len(rows) / max_len)
-    size = math.ceil(len(rows) / parts)
-    return [rows[i:i + size] for i in range(0, len(rows), size)]
+    size, extra = divmod(len(rows), parts)
+    bounds = [0]
+    for p in range(parts):
+        bounds.append(bounds[-1] + size + (p < extra))
+    return [rows[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 SELECTORS = Registry("selector")
