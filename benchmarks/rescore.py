@@ -24,7 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 from latentwire.bench.episode import Episode, jsonl_lines, load_episodes
-from latentwire.bench.folder import replace_text
+from latentwire.bench.folder import replace_text, run_lock
 from latentwire.bench.metrics import answer_scores
 from latentwire.bench.tasks import TASKS, load_task
 
@@ -100,7 +100,11 @@ def main() -> None:
     for folder in folders:
         if not (folder / "records.jsonl").exists():
             sys.exit(f"{folder}: no records.jsonl")
-        result = rescore(folder, write=not args.check)
+        if args.check:
+            result = rescore(folder, write=False)
+        else:
+            with run_lock(folder):  # a run writing this folder would append to the file this replaces: refused
+                result = rescore(folder, write=True)
         name = folder.relative_to(ROOT) if folder.is_relative_to(ROOT) else folder
         if result is None:
             print(f"{name}: skipped (its episodes cannot be resolved)")

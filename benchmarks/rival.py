@@ -39,7 +39,8 @@ from latentwire.bench.metrics import bootstrap_ci, evidence_recall, paired_boots
 from latentwire.bench.report import compare, read_run, verdict, with_holm, write_report  # noqa: E402
 from latentwire.bench.report import PAIRING_NOTE, VERDICT_HEADER, holm_note, mixed_note  # noqa: E402
 from latentwire.bench.episode import jsonl_lines  # noqa: E402
-from latentwire.bench.folder import check_resume, drop_cut_lines, finished, hardware, run_lock, write_config  # noqa: E402
+from latentwire.bench.folder import (check_resume, drop_cut_lines, finished, hardware, replace_text, run_lock,  # noqa: E402
+                                     write_config)
 from latentwire.bench.runner import RunConfig, run_episode  # noqa: E402
 from latentwire.protocols import get_protocol  # noqa: E402
 from latentwire.protocols.reads import shared_reads  # noqa: E402
@@ -159,15 +160,16 @@ def read_recall(path: Path, repair: bool = False) -> list[dict]:
     dropped from the file, so that episode reruns."""
     if not path.exists():
         return []
+    text = path.read_text(encoding="utf-8")
     rows, good = [], []
-    for line in jsonl_lines(path.read_text(encoding="utf-8")):
+    for line in jsonl_lines(text):
         try:
             rows.append(json.loads(line))
             good.append(line)
         except json.JSONDecodeError:
             continue
-    if repair:
-        path.write_text("".join(line + "\n" for line in good))
+    if repair and (kept := "".join(line + "\n" for line in good)) != text:
+        replace_text(path, kept)  # whole or not at all; nothing to drop: untouched
     return list({r["episode"]: r for r in rows}.values())  # a recomputed row (more selectors) replaces the older
 
 
@@ -235,9 +237,13 @@ def recall_table(folder: Path, episodes: list) -> list[str]:
 
 
 def cell_summary(folder: Path) -> tuple[list[str], list[dict], dict]:
-    """Winner row pieces, the family's comparisons (Holm within the cell) and accuracy per contender."""
+    """Winner row pieces, the family's comparisons (Holm within the cell) and accuracy per contender, over the
+    episodes every protocol has run (an episode a paused run left half done waits for its resume)."""
     config, records = read_run(folder)
     ran = set(config["config"]["protocols"])
+    have = {(r["episode"], r["protocol"]) for r in records}
+    done = {e for e, _ in have if all((e, p) in have for p in ran)}
+    records = [r for r in records if r["episode"] in done]
     comps = with_holm([c for a, b in FAMILY if a in ran and b in ran and (c := compare(records, a, b))])
     acc = {}
     for name, label in CONTENDERS.items():

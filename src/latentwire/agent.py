@@ -17,7 +17,8 @@ from typing import Sequence, Union
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from .errors import ConfigError, ContextOverflowError, StateFormatError, UnknownNameError, UnknownParameterError
+from .errors import (ConfigError, ContextOverflowError, StateFormatError, TokenizerMismatchError, UnknownNameError,
+                     UnknownParameterError)
 from .replies import Answer, CallRecord, Stream  # noqa: F401  (re-exported: part of the agent's API)
 from .message import Rows
 from .models import cache_arg, load, tokenizer_fingerprint
@@ -87,7 +88,12 @@ class Agent:
             return DynamicCache(config=self.model.config)
 
     def ids(self, ids) -> torch.Tensor:
-        """Token ids as an int64 tensor on this agent's device."""
+        """Token ids as an int64 tensor on this agent's device, for the model: a list holding an id past the model's
+        embeddings is a TokenizerMismatchError here, not an IndexError (or a CUDA device assert) inside the model."""
+        if isinstance(ids, (list, tuple)) and ids and (top := max(ids)) >= self._vocab_rows:
+            raise TokenizerMismatchError(
+                f"{self.model_name}'s tokenizer gives id {top} ({self.tokenizer.convert_ids_to_tokens(top)!r}) but the "
+                f"model embeds {self._vocab_rows} tokens: that text cannot be read by this model")
         return torch.as_tensor(ids, dtype=torch.int64, device=self.device)
 
     @cached_property
@@ -96,7 +102,16 @@ class Agent:
 
     # -- tokens and embeddings ---------------------------------------------------------------
     def chat_ids(self, chat: Chat, add_generation_prompt: bool = True) -> list[int]:
-        return self.tokenizer(self.chat_text(chat, add_generation_prompt), add_special_tokens=False)["input_ids"]
+        return self.encode(self.chat_text(chat, add_generation_prompt))
+
+    def encode(self, text: str) -> list[int]:
+        """`text`'s token ids, no special tokens added (checked against the model's embeddings when they reach it:
+        `ids`)."""
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    @cached_property
+    def _vocab_rows(self) -> int:
+        return self.model.get_input_embeddings().num_embeddings
 
     def chat_text(self, chat: Chat, add_generation_prompt: bool = True) -> str:
         messages = [{"role": "user", "content": chat}] if isinstance(chat, str) else list(chat)
@@ -113,25 +128,25 @@ class Agent:
         """Input embeddings exactly as the model computes them (Gemma's √d scale included)."""
         return self.model.get_input_embeddings()(self.ids(ids))
 
-    @cached_property
     def _input_matrix(self) -> torch.Tensor:  # (V, d): effective input embeddings of every token
+        """A fresh copy (not kept: 0.5-0.7 GB in fp32 for the bundled Qwen and Gemma); its users keep their result."""
         emb = self.model.get_input_embeddings()
         scale = getattr(emb, "embed_scale", None)  # Gemma: √d, a buffer on the model's device
         return emb.weight.detach() * (1.0 if scale is None else scale.to(emb.weight.dtype))
 
     @cached_property
     def mean_embedding_norm(self) -> float:
-        return float(self._input_matrix.norm(dim=-1).mean())
+        return float(self._input_matrix().norm(dim=-1).mean())
 
     @cached_property
     def realign_matrix(self) -> torch.Tensor:
         """LatentMAS W_a: ridge least squares from the output space to the input space, W_out W_a ≈ W_in."""
         w_out = self.model.get_output_embeddings().weight.detach().double()  # (V, d)
-        w_in = self._input_matrix.double()  # (V, d)
+        w_in = self._input_matrix()
         gram = w_out.T @ w_out
         ridge = 1e-5 * gram.diagonal().mean()
         return torch.linalg.solve(gram + ridge * torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device),
-                                  w_out.T @ w_in).to(self._input_matrix.dtype)  # (d, d)
+                                  w_out.T @ w_in.double()).to(w_in.dtype)  # (d, d)
 
     def latent_vector(self, hidden: torch.Tensor, mode: str = "rescale") -> torch.Tensor:
         """Map a last-layer hidden state (d,) to the next input embedding (d,).
@@ -393,7 +408,7 @@ class Agent:
 
     def turn_ids(self, user: str) -> list[int]:
         """Token ids of a new user turn after an open assistant turn (`continuation_text`)."""
-        return self.tokenizer(self.continuation_text(user), add_special_tokens=False)["input_ids"]
+        return self.encode(self.continuation_text(user))
 
     def continuation_text(self, question: str) -> str:
         """Template text that closes the open assistant turn a message ends in, then asks `question`.
@@ -422,8 +437,7 @@ class Agent:
         if text.count(SLOT) != 1:
             raise StateFormatError(f"the prompt must hold the message slot exactly once (found {text.count(SLOT)})")
         before, after = text.split(SLOT)
-        tok = self.tokenizer
-        return tok(before, add_special_tokens=False)["input_ids"], tok(after, add_special_tokens=False)["input_ids"]
+        return self.encode(before), self.encode(after)
 
     def _check_rows(self, rows: Rows) -> None:
         rows.check_space(self.geometry.model, self.geometry.tokenizer)
@@ -438,8 +452,8 @@ class Agent:
         ids |= set(eos) if isinstance(eos, (list, tuple)) else {eos}
         for tok in ("<|im_end|>", "<end_of_turn>", "<|endoftext|>"):
             tid = self.tokenizer.convert_tokens_to_ids(tok)
-            if isinstance(tid, int) and tid != self.tokenizer.unk_token_id:
-                ids.add(tid)
+            if isinstance(tid, int) and self.tokenizer.convert_ids_to_tokens(tid) == tok:  # the token itself, even
+                ids.add(tid)  # when it is also the unknown token (SmolLM2's <|endoftext|>); not an unknown's id
         return {i for i in ids if i is not None}
 
     def _decode(self, cache: DynamicCache, start: int, hidden: torch.Tensor, max_new_tokens: int,

@@ -27,6 +27,11 @@ class ModelFileError(ModelNotInstalledError):
         return type(self), (self.package, self.file, self.expected, self.actual, self.fix)
 
 
+class TokenizerMismatchError(LatentWireError, ValueError):
+    """The tokenizer gave a token id the model has no embedding for (SmolLM2's GGUF tokenizer carries five
+    fill-in-the-middle tokens past its 49,152 embeddings); names the id and its token."""
+
+
 class ModelConversionError(LatentWireError, ValueError):
     """A bundled model's GGUF cannot be converted as it stands; names the model and what its file lacks."""
 

@@ -100,9 +100,10 @@ def default_device() -> torch.device:
 def default_dtype(device: torch.device) -> tuple[torch.dtype, str]:
     """The fastest dtype that runs natively on `device`, and why."""
     if device.type == "cuda":
-        if torch.cuda.is_bf16_supported():
-            return torch.bfloat16, "CUDA device with bf16 support"
-        return torch.float32, "CUDA device without bf16 support"
+        major, minor = torch.cuda.get_device_capability(device)  # this device, not the current one
+        if major >= 8:  # Ampere and later; older cards (V100, T4) only emulate bf16, slowly
+            return torch.bfloat16, f"CUDA device with native bf16 (compute capability {major}.{minor})"
+        return torch.float32, f"CUDA device without native bf16 (compute capability {major}.{minor})"
     if device.type == "cpu":
         flags = cpu_bf16_flags()
         if flags:
@@ -113,7 +114,8 @@ def default_dtype(device: torch.device) -> tuple[torch.dtype, str]:
 
 def check_runs(device: torch.device, dtype: torch.dtype) -> None:
     """DeviceError when `device` cannot run a model in `dtype`."""
-    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+    if device.type == "cuda" and dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported(
+            including_emulation=True):  # an explicit request runs where it can, emulated or not
         raise DeviceError(f"{device} does not support bfloat16; use --dtype float32 (or float16)")
     if device.type == "cpu" and dtype == torch.float16:
         raise DeviceError("float16 on the CPU is emulated and slower than float32; use --dtype bfloat16 "

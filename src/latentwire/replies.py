@@ -49,7 +49,8 @@ class Answer:
         marks = self.token_seconds[:k + 1] if k == n and self.stopped else self.token_seconds[:k]
         ids = self.token_ids[:k]
         return Answer(tokenizer.decode(list(ids), skip_special_tokens=True).strip(), ids, self.prompt_tokens,
-                      self.message_rows, self.context - n + k, self.prefill_seconds, marks[-1], marks)
+                      self.message_rows, self.context - n + k, self.prefill_seconds, marks[-1] if marks else 0.0,
+                      marks)  # a cap of 0 chooses nothing: no decode time
 
 
 @dataclass

@@ -13,6 +13,7 @@ own rotation `rotate_keys` does not reproduce on probe keys (`check_rotation`), 
 """
 from __future__ import annotations
 
+import math
 import sys
 from dataclasses import dataclass, replace
 
@@ -41,6 +42,11 @@ class RopeSpec:
             )
         if not self.inv_freq:
             raise UnsupportedRopeError("empty inv_freq")
+        if not all(math.isfinite(f) for f in self.inv_freq):
+            raise UnsupportedRopeError("inv_freq must hold finite numbers (a NaN or infinite frequency rotates nothing "
+                                       "reproducibly)")
+        if not (math.isfinite(self.attention_scaling) and self.attention_scaling > 0):
+            raise UnsupportedRopeError(f"attention_scaling must be finite and > 0, got {self.attention_scaling!r}")
 
     @property
     def rotary_dim(self) -> int:

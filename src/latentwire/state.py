@@ -244,8 +244,13 @@ class KVState:
         """Place states one after another (each keeps its internal spacing), keys re-rotated exactly."""
         if not states:
             raise ValueError("concat needs at least one state")
+        kind = states[0].layers[0].keys
         for s in states[1:]:
             states[0].geometry.check_same(s.geometry)
+            other = s.layers[0].keys
+            if (other.dtype, other.device) != (kind.dtype, kind.device):  # torch.cat would widen or fail untyped
+                raise StateFormatError(f"concat: states in {kind.dtype} on {kind.device} and {other.dtype} on "
+                                       f"{other.device}; convert with .to(device, dtype) first")
         placed, offset = [], 0
         for s in states:
             if len(s) == 0:
@@ -380,7 +385,21 @@ class KVState:
             raise StateFormatError(f"tensors: missing {missing[:5]}, unexpected {extra[:5]}")
         layers = tuple(LayerKV(tensors[f"layers.{i}.keys"], tensors[f"layers.{i}.values"],
                                tensors[f"layers.{i}.positions"]) for i in range(geometry.num_layers))
-        return cls(geometry, layers, tensors["positions"], tensors["token_ids"], tensors["latents"])
+        state = cls(geometry, layers, tensors["positions"], tensors["token_ids"], tensors["latents"])
+        if (bad := state.nonfinite()) is not None:
+            raise StateFormatError(f"tensors.{bad}: not finite (NaN or infinity)")
+        return state
+
+    def nonfinite(self) -> str | None:
+        """The first tensor (`layers.3.keys`, `latents`) holding a NaN or an infinity, or None when all are finite."""
+        for i, layer in enumerate(self.layers):
+            for name in ("keys", "values"):
+                t = getattr(layer, name)
+                if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                    return f"layers.{i}.{name}"
+        if self.latents.is_floating_point() and not bool(torch.isfinite(self.latents).all()):
+            return "latents"
+        return None
 
 
 def _check(ok: bool, msg: str) -> None:

@@ -27,6 +27,8 @@ class TokenizerAgent:
 
     chat_text = Agent.chat_text
     chat_ids = Agent.chat_ids
+    encode = Agent.encode
+    _vocab_rows = 1 << 62  # no embedding table here: every id the tokenizer gives is accepted
     device = torch.device("cpu")  # where the alignment's index tensors go
 
     def __init__(self, tokenizer):

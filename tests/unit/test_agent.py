@@ -286,3 +286,49 @@ def test_typed_errors_survive_pickling():
     for err in (UnknownNameError("protocol", "x", ["a", "b"]), ContextOverflowError(10, 5, {"prompt": 10})):
         back = pickle.loads(pickle.dumps(err))
         assert type(back) is type(err) and str(back) == str(err)
+
+
+def test_a_token_id_past_the_models_embeddings_is_a_typed_error(agent_for):
+    """SmolLM2's GGUF tokenizer encodes '<FILL_ME>' as id 49156, past its 49,152 embeddings: refused when the ids
+    reach the model (prefill, answer), naming the id and its token, not an IndexError inside the model; tokenising
+    alone (alignment reads other tokenizers' ids) is not refused."""
+    from latentwire.errors import TokenizerMismatchError
+
+    agent = agent_for("llama")
+    ids = agent.chat_ids("Read this.")
+    agent._vocab_rows = max(ids)  # as if the model had one embedding too few for this text
+    assert agent.chat_ids("Read this.") == ids
+    for read in (lambda: agent.prefill("Read this."), lambda: agent.answer("Read this.", max_new_tokens=1)):
+        with pytest.raises(TokenizerMismatchError, match=rf"gives id {max(ids)} \(.*\) but the model embeds {max(ids)}"):
+            read()
+    agent._vocab_rows = max(ids) + 1
+    assert len(agent.prefill("Read this.")) == len(ids)
+
+
+def test_stop_ids_keep_a_turn_end_that_is_also_the_unknown_token(agent_for, monkeypatch):
+    """SmolLM2's <|endoftext|> is id 0, which is also its unk token: it stops a decode. A token the vocabulary lacks
+    (converted to the unk id) adds nothing."""
+    class Vocab:  # SmolLM2's: <|endoftext|> = 0 = unk, <|im_end|> = 2; no <end_of_turn>
+        eos_token_id, unk_token_id = 2, 0
+        ids = {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2}
+
+        def convert_tokens_to_ids(self, tok):
+            return self.ids.get(tok, self.unk_token_id)
+
+        def convert_ids_to_tokens(self, tid):
+            return {v: k for k, v in self.ids.items()}[tid]
+
+    agent = agent_for("llama")
+    agent.tokenizer = Vocab()
+    monkeypatch.setattr(agent.model.generation_config, "eos_token_id", 2)  # the session's model: restored after
+    assert {0, 2} <= agent.stop_ids and 1 not in agent.stop_ids
+
+
+def test_latent_step_constants_do_not_keep_a_copy_of_the_embedding_table(agent_for):
+    """The mean embedding norm and W_a are kept; the (V, d) scaled copy they are computed from is not (0.5-0.7 GB
+    in fp32 for the bundled Qwen and Gemma)."""
+    agent = agent_for("gemma3")
+    V, d = agent.model.get_input_embeddings().weight.shape
+    assert agent.mean_embedding_norm > 0 and agent.realign_matrix.shape == (d, d)
+    kept = [k for k, v in vars(agent).items() if isinstance(v, torch.Tensor) and v.shape == (V, d)]
+    assert kept == []

@@ -364,3 +364,17 @@ def test_decoder_refuses_mixed_geometry(pool, geometry_for):
 def test_decoder_refuses_non_bytes(obj):
     with pytest.raises(StateFormatError, match="bytes"):
         FragmentSet.from_bytes(obj)
+
+
+def test_a_fragment_with_a_nan_or_infinity_is_refused(llama_geometry):
+    """A NaN key would make CanonicalMerge's sort keys incomparable, so its order (and the rendered bytes) would
+    depend on arrival order: refused when the fragment is made, naming the tensor."""
+    state = synthetic(llama_geometry, 0)
+    layers = list(state.layers)
+    layers[1] = LayerKV(layers[1].keys.clone().index_fill_(1, torch.tensor([0]), float("nan")), layers[1].values,
+                        layers[1].positions)
+    with pytest.raises(StateFormatError, match="layers.1.keys holds a NaN or an infinity"):
+        Fragment(state._replace(layers=tuple(layers)))
+    with pytest.raises(StateFormatError, match="latents holds a NaN"):
+        Fragment(state._replace(latents=torch.full_like(state.latents, float("inf"))))
+    Fragment(state)  # finite: fine

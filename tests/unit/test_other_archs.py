@@ -160,7 +160,7 @@ def test_layers_without_rope_are_refused(name, tokenizer):
 
 
 @pytest.mark.kvpress
-@pytest.mark.parametrize("selector", ["snapkv", "chunkkv", "kvzip"])
+@pytest.mark.parametrize("selector", ["snapkv", "chunkkv", "kvzip", "tova"])
 def test_kvpress_scorers_that_rotate_queries_refuse_interleaved_or_partial_rope(selector, tokenizer):
     """kvpress rotates SnapKV's and KVzip's queries the Llama way, over the whole head: refused on Cohere
     (interleaved) and Phi-3 (partial) rather than scored wrongly; knorm reads keys only and still scores."""

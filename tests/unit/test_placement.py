@@ -52,9 +52,23 @@ def test_cuda_index_past_the_last_device(monkeypatch):
 def test_bf16_on_a_cuda_device_without_it(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (7, 0))
     assert resolve("cuda").dtype == torch.float32  # the default falls back
     with pytest.raises(DeviceError, match="does not support bfloat16"):
         resolve("cuda", "bf16")  # an explicit request is refused, not silently changed
+
+
+def test_cuda_default_dtype_is_bf16_only_where_it_is_native(monkeypatch):
+    """torch.cuda.is_bf16_supported() counts emulation (True on a V100 or T4): the default asks the device's compute
+    capability instead, of the device asked for."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)  # emulated counts here
+    caps = {0: (7, 0), 1: (8, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: caps[torch.device(d).index or 0])
+    assert resolve("cuda:0").dtype == torch.float32 and "7.0" in resolve("cuda:0").reason
+    assert resolve("cuda:1").dtype == torch.bfloat16
+    assert resolve("cuda:0", "bf16").dtype == torch.bfloat16  # asked for: runs, emulated
 
 
 def test_fp16_on_the_cpu_is_refused():
@@ -116,3 +130,4 @@ def test_run_config_records_device_and_dtype(tokenizer, tmp_path):
     record = json.loads((out / "config.json").read_text())
     assert (record["config"]["device"], record["config"]["dtype"]) == ("cpu", "bfloat16")  # what ran: the agent's
     assert "cpu_bf16" in record["environment"] and "cuda" in record["environment"]
+

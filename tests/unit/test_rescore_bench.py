@@ -65,3 +65,33 @@ def test_every_committed_record_is_scored_by_the_current_metrics(monkeypatch):
         if result and result[0]:
             stale[str(folder.relative_to(rescore.ROOT))] = sum(result[0].values())
     assert not stale, f"run `python benchmarks/rescore.py --all`: {stale}"
+
+
+def test_rescoring_a_folder_a_run_is_writing_is_refused(tmp_path, monkeypatch):
+    """rescore replaces records.jsonl: a live run would go on appending to the replaced file and lose every record it
+    wrote after. It takes the run lock first, so it refuses while a run holds the folder; --check reads only."""
+    import sys
+
+    import pytest
+
+    from latentwire.bench import folder
+    from latentwire.errors import ConfigError
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import rescore
+
+    write_episodes(tmp_path / "episodes.jsonl", [Episode("code-1", "code", "fanin", "Q?", ["-1"], ("x = -1",))])
+    line = json.dumps({"episode": "code-1", "protocol": "p", "answer": "1", "em": 1.0, "f1": 1.0, "accuracy": 1.0,
+                       "strict": 1.0}) + "\n"
+    (tmp_path / "records.jsonl").write_text(line)
+    (tmp_path / "config.json").write_text(json.dumps({"config": {"task": "elsewhere.jsonl"}}))
+    monkeypatch.setattr(sys, "argv", ["rescore.py", str(tmp_path)])
+    with folder.run_lock(tmp_path), pytest.raises(ConfigError, match="being written by another run"):
+        rescore.main()
+    assert (tmp_path / "records.jsonl").read_text() == line  # untouched
+    monkeypatch.setattr(sys, "argv", ["rescore.py", "--check", str(tmp_path)])
+    with folder.run_lock(tmp_path), pytest.raises(SystemExit):  # reads only: runs, and exits 1 (a record would change)
+        rescore.main()
+    monkeypatch.setattr(sys, "argv", ["rescore.py", str(tmp_path)])
+    rescore.main()  # no run: rescored
+    assert json.loads((tmp_path / "records.jsonl").read_text())["accuracy"] == 0.0

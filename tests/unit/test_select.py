@@ -58,6 +58,11 @@ def test_pool_keeps_length_and_is_centred():
     assert pool(x, "avg", 7)[0, 4] == pytest.approx(1.0)
 
 
+def test_budget_ceiling_is_exact_for_decimal_ratios():
+    """21 / 1.4 and 42 / 2.8 are 15 exactly; float division makes them 15.000000000000002 (a ceiling of 16)."""
+    assert (fanin_budget(21, 1.4), fanin_budget(42, 2.8), fanin_budget(22, 1.4), fanin_budget(100, 8)) == (15, 15, 16, 13)
+
+
 @pytest.mark.parametrize("T,ratio", [(100, 2), (100, 8), (37, 4), (500, 128), (16, 1)])
 def test_budget_is_exact(T, ratio):
     keep = torch.zeros(T, dtype=torch.bool)
@@ -66,7 +71,7 @@ def test_budget_is_exact(T, ratio):
     scores = torch.rand(T, generator=torch.Generator().manual_seed(T))
     B = fanin_budget(T, ratio)
     rows = select_rows(scores, B, keep)
-    assert B == math.ceil(T / ratio)
+    assert B == -(-T // ratio)  # ceil for the integer ratios here
     assert len(rows) == min(B, T - int(keep.sum())) + int(keep.sum())  # exactly B beyond the always-kept rows
     assert set(torch.nonzero(keep).flatten().tolist()) <= set(rows.tolist())
     assert torch.equal(rows, torch.sort(torch.unique(rows)).values)

@@ -110,6 +110,8 @@ def test_a_stopped_answer_serves_any_larger_cap():
     assert (big.token_ids, big.decode_seconds, big.stopped) == ((5, 6), 0.3, True)  # charged up to the stop
     one = stopped.truncated(1, tok)
     assert (one.token_ids, one.text, one.decode_seconds, one.stopped, one.context) == ((5,), "5", 0.1, False, 11)
+    none = stopped.truncated(0, tok)  # a cap of 0 chooses nothing (was an IndexError)
+    assert (none.token_ids, none.text, none.decode_seconds, none.stopped, none.context) == ((), "", 0.0, False, 10)
 
 
 def test_reports_share_one_decode_inside_a_block(agent_for):

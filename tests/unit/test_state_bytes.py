@@ -159,6 +159,12 @@ MALFORMED = {
     "token-ids-wrong-dtype": retensor("token_ids", lambda x: x.int()),
     "global-layer-rows-differ": retensor("layers.5.positions", lambda p: p + 1),  # layer 5 is gemma3's global layer
     "sliding-layer-positions-float": retensor("layers.0.positions", lambda p: p.float()),
+    "keys-nan": retensor("layers.3.keys", lambda k: k.index_fill(1, torch.tensor([0]), float("nan"))),
+    "latents-infinite": retensor("latents", lambda x: x.index_fill(0, torch.tensor([1]), float("inf"))),
+    "rope-nan-frequency": lambda d: with_header(d, lambda h: h["geometry"]["rope"]["global"]["inv_freq"].__setitem__(
+        0, float("nan"))),  # json.dumps writes NaN, json.loads reads it back
+    "rope-infinite-scaling": lambda d: with_header(d, lambda h: h["geometry"]["rope"]["sliding"].update(
+        attention_scaling=float("inf"))),
 }
 
 
@@ -167,7 +173,10 @@ NAMES_FIELD = {"wrong-format": "header.format", "unsupported-version": "header.v
                "no-metadata": "metadata.latentwire", "geometry-missing-field": "header.geometry",
                "missing-tensor": r"missing \['layers.2.values'\]", "unexpected-tensor": "unexpected",
                "keys-wrong-shape": "layers.0", "latents-wrong-shape": "latents", "values-wrong-dtype": "layers.5",
-               "positions-not-increasing": "positions", "token-ids-wrong-dtype": "token_ids"}
+               "positions-not-increasing": "positions", "token-ids-wrong-dtype": "token_ids",
+               "keys-nan": r"tensors.layers.3.keys: not finite", "latents-infinite": r"tensors.latents: not finite",
+               "rope-nan-frequency": "header.geometry.*inv_freq must hold finite",
+               "rope-infinite-scaling": "header.geometry.*attention_scaling must be finite"}
 
 
 @pytest.mark.parametrize("case", list(MALFORMED))
@@ -218,3 +227,10 @@ def test_out_of_range_rope_frequency_is_a_format_error():
            "rope": {"global": {"rope_type": "default", "inv_freq": [10 ** 400], "attention_scaling": 1.0}}}
     with pytest.raises(StateFormatError, match="header.geometry"):
         Geometry.from_json(bad)
+
+
+def test_concat_refuses_states_of_another_dtype_or_device(thought):
+    """torch.cat would silently widen bf16 + fp32 to fp32 (two digests for one content) or fail untyped."""
+    with pytest.raises(StateFormatError, match="concat: states in torch.float32 on cpu and torch.bfloat16"):
+        KVState.concat([thought, thought.to(dtype=torch.bfloat16)])
+    assert len(KVState.concat([thought, thought])) == 2 * len(thought)

@@ -92,6 +92,17 @@ def test_checkpoint_roundtrip_is_exact(method, states, tmp_path):
         load(tmp_path)
 
 
+def test_dense_keeps_the_receivers_own_cache_in_its_own_dtype(states):
+    """A bfloat16 sharer must not round a float32 receiver's own rows: the translation is cast to the receiver's
+    dtype, and the own rows come through unchanged (re-placed after the translated ones)."""
+    S, R = states("gemma3", "sharer"), states("llama", "receiver")
+    t = build("dense", S.geometry, R.geometry)
+    out = compose(t, PairStates(sharer=S.to(dtype=torch.bfloat16), receiver=R))
+    assert out.dtype == R.dtype == torch.float32
+    tail = out.select(list(range(len(S), len(out))))  # the receiver's own rows, moved after the translation
+    assert torch.equal(tail.layers[0].values, R.layers[0].values)
+
+
 def test_answer_loss_has_gradients_through_the_state(states, agent_for):
     S, R = states("gemma3", "sharer"), states("llama", "receiver")
     t = build("xkv", S.geometry, R.geometry)
@@ -191,8 +202,9 @@ def test_state_cache_reads_back_what_it_wrote_and_respects_its_limit(tmp_path, a
     full.get(agent, "Read this.")
     assert full.misses == 2 and not list((tmp_path / "b").glob("*.kv"))
     with pytest.raises(GeometryMismatchError):  # a file under another model's key is never trusted
-        (tmp_path / "a" / next((tmp_path / "a").glob("*.kv")).name).rename(cache._path(agent_for("llama"), "x"))
-        cache.get(agent_for("llama"), "x")
+        llama = agent_for("llama")
+        (tmp_path / "a" / next((tmp_path / "a").glob("*.kv")).name).rename(cache._path(llama, llama.chat_ids("x")))
+        cache.get(llama, "x")
 
 
 def _bf16_agent(arch: str, tokenizer) -> Agent:
@@ -242,7 +254,22 @@ def test_a_save_interrupted_between_weights_and_log_is_refused(tmp_path, agent_f
     (out / "config.json").write_text(json.dumps(header))
     log["config"]["steps"] = 8
     (out / "trainer.json").write_text(json.dumps(log))
-    with pytest.raises(ConfigError, match="weights are from step 8 but the training log stops at step 4"):
+    with pytest.raises(ConfigError, match="log stops at step 4 but config.json is from step 8"):
+        _tiny_run(tmp_path, agent_for, "xkv", 8)
+
+
+def test_a_save_that_died_after_the_weights_is_refused_though_config_and_log_agree(tmp_path, agent_for):
+    """The weights are renamed into place before config.json: a kill between the two leaves step-8 weights beside a
+    step-4 config, optimizer and log. The weights' own step stamp tells it apart."""
+    import safetensors.torch
+
+    out, log = _tiny_run(tmp_path, agent_for, "xkv", 4)
+    weights = out / "translator.safetensors"
+    tensors = safetensors.torch.load_file(weights)
+    safetensors.torch.save_file(tensors, weights, metadata={"step": "8"})  # the next save's weights, nothing else
+    log["config"]["steps"] = 8
+    (out / "trainer.json").write_text(json.dumps(log))
+    with pytest.raises(ConfigError, match="log stops at step 4 but translator.safetensors is from step 8"):
         _tiny_run(tmp_path, agent_for, "xkv", 8)
 
 
@@ -278,3 +305,26 @@ def test_a_control_run_trains_on_the_replaced_documents(tmp_path, agent_for, mon
            trainer.data(dataclasses.replace(cfg, sharer_docs="own"))[1]}
     assert seen and all(p.sharer_doc != own[p.id] for p in seen)  # training and validation pairs alike
     assert log["config"]["sharer_docs"] == "shuffled"
+
+
+def test_state_cache_keys_by_the_templated_tokens_and_refuses_a_foreign_file(tmp_path, agent_for, monkeypatch):
+    """A changed chat template gives other token ids, so another entry (not a stale hit); a file whose rows are not
+    its key's tokens is refused."""
+    from latentwire.errors import StateFormatError
+    from latentwire.training.states import StateCache
+
+    agent, cache = agent_for("llama"), StateCache(tmp_path / "cache")
+    first = cache.get(agent, "Ada leads Orion.")
+    again = cache.get(agent, "Ada leads Orion.")
+    assert (cache.hits, cache.misses) == (1, 1) and torch.equal(again.layers[0].keys, first.layers[0].keys)
+    plain = agent.chat_text
+    monkeypatch.setattr(agent, "chat_text", lambda chat, *a: "Be brief. " + plain(chat, *a))  # a new template
+    changed = cache.get(agent, "Ada leads Orion.")
+    assert (cache.hits, cache.misses) == (1, 2) and len(changed) > len(first)
+    monkeypatch.undo()
+    other = cache.get(agent, "Bo leads Vega.")
+    files = sorted((tmp_path / "cache").glob("*.kv"), key=lambda p: p.stat().st_mtime_ns)
+    files[0].write_bytes(files[-1].read_bytes())  # "Ada"'s key now holds "Bo"'s state
+    with pytest.raises(StateFormatError, match="other tokens than its key's prompt"):
+        cache.get(agent, "Ada leads Orion.")
+    assert len(other) > 0

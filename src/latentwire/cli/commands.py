@@ -208,7 +208,7 @@ def _train(args) -> int:
     from ..bench.runner import parse_filters
     from ..training.trainer import TRAINER, TrainConfig, train
 
-    tasks = tuple(t for t in args.tasks.split(",") if t.strip())
+    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())  # "facts, reasoning" works too
     cfg = TrainConfig(args.method, args.sharer, args.receiver, tasks=tasks, train_n=args.train_n, val_n=args.val_n,
                       steps=args.steps, batch=args.batch, lr=args.lr, stage1_steps=args.stage1_steps,
                       eval_every=args.eval_every, seed=args.seed, params=parse_filters(args.param, "--param"),

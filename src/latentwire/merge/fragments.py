@@ -47,6 +47,8 @@ class Fragment:
             raise TypeError(f"a fragment wraps a KVState, not {type(self.state).__name__}")
         if len(self.state) == 0:
             raise StateFormatError("a fragment needs at least one row (got an empty state)")
+        if (bad := self.state.nonfinite()) is not None:  # NaN keys would make CanonicalMerge's order arrival-dependent
+            raise StateFormatError(f"a fragment's tensors must be finite: {bad} holds a NaN or an infinity")
         object.__setattr__(self, "digest", self.state.digest())
 
     @classmethod

@@ -13,7 +13,7 @@ import torch
 from ..errors import ModelConversionError
 
 MARKER = "latentwire-cache.json"
-CACHE_VERSION = 3  # bump when the conversion changes: older caches are rebuilt
+CACHE_VERSION = 4  # bump when the conversion changes: older caches are rebuilt (4: Gemma's user-defined pieces)
 
 
 def dequantise(entry, dtype: torch.dtype = torch.float32):
@@ -64,13 +64,18 @@ def _pin_bos_eos(tokenizer, fields, name: str) -> None:
 
 
 def _gemma_tokenizer(fields, broken):
-    """Rebuild Gemma's tokenizer with its BPE merges.
+    """Rebuild Gemma's tokenizer with its BPE merges, and its pieces typed as SentencePiece types them.
 
     transformers 5.2 converts a Gemma GGUF vocabulary into a BPE tokenizer with no merges, which
     tokenises text one character at a time (a silent 4x context blow-up and a different model input).
     SentencePiece-BPE merges follow from the GGUF piece scores: merge (a, b) ranks by the score of a+b.
+    Piece types (GGUF `tokenizer.ggml.token_type`): control pieces (<bos>, <end_of_turn>, ...) are special
+    tokens, left out of decoded text; user-defined pieces (runs of newlines or tabs, HTML tags such as <b>)
+    are matched whole wherever they occur, as SentencePiece does ("\n\n" is one token, not two), and kept in
+    decoded text; byte pieces (<0xF0>) are reached by byte fallback and decode to their characters.
     """
     import numpy as np
+    from tokenizers import AddedToken
     from transformers.convert_slow_tokenizer import generate_merges
     from transformers.models.gemma.tokenization_gemma import GemmaTokenizer
 
@@ -79,14 +84,17 @@ def _gemma_tokenizer(fields, broken):
                       for i in fields["tokenizer.ggml.token_type"].data])
     vocab = broken.get_vocab()  # token -> id, with transformers' whitespace/tab renaming already applied
     id2tok = {i: t for t, i in vocab.items()}
-    normal = 1  # GGUF token type NORMAL; others are control / user-defined / byte pieces
+    normal, control, user_defined = 1, 3, 4  # GGUF token types (byte pieces are 6)
     special = {id2tok[i] for i in np.flatnonzero(types != normal) if i in id2tok}
     merges = generate_merges(vocab, [(id2tok[i], scores[i]) for i in sorted(id2tok)], skip_tokens=special)
     tok = GemmaTokenizer(vocab=vocab, merges=merges, bos_token=broken.bos_token, eos_token=broken.eos_token,
                          pad_token=broken.pad_token, unk_token=broken.unk_token)
-    control = sorted(t for t in special if t.startswith("<") and t.endswith(">") and not t.startswith("<unused")
-                     and t not in (broken.bos_token, broken.eos_token, broken.pad_token, broken.unk_token))
-    tok.add_special_tokens({"additional_special_tokens": control})
+    named = (broken.bos_token, broken.eos_token, broken.pad_token, broken.unk_token)
+    controls = sorted(id2tok[i] for i in np.flatnonzero(types == control)
+                      if i in id2tok and not id2tok[i].startswith("<unused") and id2tok[i] not in named)
+    tok.add_special_tokens({"additional_special_tokens": controls})
+    pieces = [id2tok[i] for i in sorted(np.flatnonzero(types == user_defined)) if i in id2tok]
+    tok.add_tokens([AddedToken(p, special=False, normalized=False) for p in pieces])
     return tok
 
 

@@ -142,6 +142,12 @@ class CacheBack(Protocol):
         if self.mass is not None and not self.ratio <= self.max_ratio < math.inf:  # only adaptive budgets use it
             raise ConfigError(f"max_ratio (the adaptive floor) must be ≥ ratio (the cap) and finite, got "
                               f"{self.max_ratio} with ratio {self.ratio}")
+        if self.mass is not None and self.fuse is not None:  # rank-fused scores are near flat: mass would mean rows
+            raise ConfigError("mass (the adaptive budget) reads the attention scores' mass; fused rank scores have "
+                              "none to speak of: use one of mass or fuse")
+        if self.mass is not None and self.context != "none":
+            raise ConfigError("mass (the adaptive budget) does not count the context rows a sentence takes along; "
+                              "use one of mass or context")
         if not isinstance(self.unit_floor, bool):
             raise ConfigError(f"unit_floor must be a bool, got {self.unit_floor!r}")
         if self.latent_steps < 0:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from fractions import Fraction
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -126,10 +127,11 @@ def fused_row_scores(rank_lists: list[torch.Tensor], units: list, n_rows: int, k
 
 
 def fanin_budget(T: int, ratio: float) -> int:
-    """B = ceil(T / r)."""
+    """B = ceil(T / r), exactly: r as the decimal it is written as (1.4 is 7/5, so T = 21 gives 15, where float
+    division gives 15.000000000000002 and a ceiling of 16)."""
     if not (1 <= ratio < math.inf):  # NaN fails it too
         raise ConfigError(f"compression ratio must be a finite number ≥ 1, got {ratio}")
-    return math.ceil(T / ratio)
+    return math.ceil(Fraction(T) / Fraction(repr(float(ratio))))
 
 
 def relative_chain_budget(t_old: int, t_new: int, ratio: float) -> int:

@@ -241,7 +241,7 @@ def refuse_rope_kvpress_cannot_rotate(agent: Agent, press: str) -> None:
         raise PressUnsupportedError(
             f"{press} cannot score {g.model}: kvpress rotates its queries as Llama does (pairs (i, i + D/2) over "
             f"the whole head), and this model's RoPE ({', '.join(odd)} layers) is interleaved or partial. Use "
-            "cacheback, h2o, tova or knorm.")
+            "cacheback, h2o or knorm.")
 
 
 @torch.inference_mode()

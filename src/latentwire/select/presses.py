@@ -210,6 +210,9 @@ class H2OSelector(PressSelector):
 @dataclass
 class TOVASelector(PressSelector):
     name = "tova"
+    # Under sdpa kvpress has no attention weights for TOVA and scores with SnapKV's one-row window attention,
+    # rotating the query itself: refused where that rotation is wrong, as SnapKV is.
+    rotates_queries: ClassVar[bool] = True
 
     def make_press(self, n_tokens: int) -> "BasePress":
         return _kv().TOVAPress()

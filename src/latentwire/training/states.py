@@ -1,9 +1,11 @@
 """The frozen models' states for split-evidence pairs, prefilled once and cached on disk in bf16.
 
 Both models are frozen, so a (model, prompt) pair always gives the same state: the cache keys files by
-SHA-256 of (model, tokenizer fingerprint, the model's dtype, prompt) and stops writing once the folder
-reaches its size limit (16 GiB by default; later states are then computed on the fly, every time they are
-read: watch `hits` / `misses`). Reads come back in float32, on the agent's device.
+SHA-256 of (cache format, model, tokenizer fingerprint, the model's dtype, the prompt's token ids as the chat
+template gives them: a changed template is a new entry) and stops writing once the folder reaches its size
+limit (16 GiB by default; later states are then computed on the fly, every time they are read: watch `hits` /
+`misses`). A hit whose rows are not those token ids is refused. Reads come back in float32, on the agent's
+device. New weights under an old model name are not detected: clear the folder (`StateCache.folder`) then.
 """
 from __future__ import annotations
 
@@ -14,11 +16,15 @@ import torch
 
 from ..agent import Agent
 from ..bench.tasks.pairs import Pair
+from ..errors import StateFormatError
 from ..models.zoo import cache_root
 from ..protocols.pair import both_prompt, own_prompt
 from ..state import KVState
 from ..translate.base import cast
 from ..translate.compose import PairStates, needs
+
+FORMAT = "latentwire.statecache.v2"  # in every key: a change of what a file holds starts a new entry
+
 
 class StateCache:
     def __init__(self, folder: str | Path | None = None, limit_mb: float = 16384):
@@ -28,17 +34,21 @@ class StateCache:
         self.used = sum(f.stat().st_size for f in self.folder.glob("*.kv"))
         self.hits = self.misses = 0
 
-    def _path(self, agent: Agent, prompt: str) -> Path:
+    def _path(self, agent: Agent, ids: list[int]) -> Path:
         g = agent.geometry
-        key = hashlib.sha256(f"{g.model}\x00{g.tokenizer}\x00{agent.dtype}\x00{prompt}".encode()).hexdigest()
-        return self.folder / f"{key}.kv"
+        text = f"{FORMAT}\x00{g.model}\x00{g.tokenizer}\x00{agent.dtype}\x00{','.join(map(str, ids))}"
+        return self.folder / f"{hashlib.sha256(text.encode()).hexdigest()}.kv"
 
     def get(self, agent: Agent, prompt: str) -> KVState:
-        path = self._path(agent, prompt)
+        ids = agent.chat_ids(prompt)
+        path = self._path(agent, ids)
         if path.exists():
-            self.hits += 1
             state = KVState.from_bytes(path.read_bytes())  # host tensors: moved to the agent's device
             agent.geometry.check_same(state.geometry)
+            if state.token_ids.tolist() != ids:
+                raise StateFormatError(f"{path}: a cached state of other tokens than its key's prompt (a corrupt or "
+                                       f"foreign cache file); delete it")
+            self.hits += 1
             return cast(state, torch.float32, agent.device)
         self.misses += 1
         state = agent.prefill(prompt)

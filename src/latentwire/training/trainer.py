@@ -31,7 +31,7 @@ from ..bench.tasks.pairs import PAIR_TASKS, Pair, check_disjoint, pairs
 from ..errors import ConfigError, UnknownNameError
 from ..registry import construct
 from ..translate import TRANSLATORS, build, load
-from ..translate.base import read_header
+from ..translate.base import WEIGHTS, read_header
 from ..translate.compose import compose
 from .objective import answer_loss
 from .states import StateCache, pair_states
@@ -160,11 +160,7 @@ def train(cfg: TrainConfig, out: str | Path, sharer: Agent | None = None, receiv
     # The translator trains where it writes: on the receiver's device, its parameters in float32.
     mode = {"context_aware": cfg.context_aware} if cfg.method == "dense" else {}  # recorded in the checkpoint
     if log["step"]:
-        saved = read_header(out).get("training", {}).get("step")
-        if saved != log["step"]:  # _save writes weights, optimizer, then the log: a kill in between leaves them apart
-            raise ConfigError(f"{out}: the weights are from step {saved} but the training log stops at step "
-                              f"{log['step']} (a save was interrupted); resuming would not reproduce the run, "
-                              "so train into a new folder")
+        _check_saved_steps(out, log["step"])
         translator = load(out, device=receiver.device).to(dtype=torch.float32).train()
         if mode and translator.config.context_aware is None:  # a run saved before the mode was recorded
             translator.config = dataclasses.replace(translator.config, **mode)
@@ -248,7 +244,10 @@ def _resume_log(out: Path, cfg: TrainConfig) -> dict:
 
 
 def _save(out: Path, translator, opt, cfg: TrainConfig, log: dict) -> None:
-    translator.save(out, extra={"training": {"step": log["step"], "config": cfg.to_json()}})
+    """Weights, optimizer, then the log; the weights and the optimizer carry their step, so a resume can tell a save
+    that died between two files (`_check_saved_steps`)."""
+    stamp = {"step": str(log["step"])}
+    translator.save(out, extra={"training": {"step": log["step"], "config": cfg.to_json()}}, stamp=stamp)
     tensors, meta = {}, {}
     names = {id(p): n for n, p in translator.named_parameters()}
     for group in opt.param_groups:
@@ -259,10 +258,29 @@ def _save(out: Path, translator, opt, cfg: TrainConfig, log: dict) -> None:
                     tensors[f"{names[id(p)]}.{k}"] = v.detach().cpu().contiguous()  # serialised from the host
                 else:
                     meta[f"{names[id(p)]}.{k}"] = float(v)
-    safetensors.torch.save_file(tensors, out / (OPTIMIZER + ".tmp"), metadata={"scalars": json.dumps(meta)})
+    safetensors.torch.save_file(tensors, out / (OPTIMIZER + ".tmp"), metadata={"scalars": json.dumps(meta)} | stamp)
     (out / (OPTIMIZER + ".tmp")).replace(out / OPTIMIZER)
     (out / (TRAINER + ".tmp")).write_text(json.dumps(log, indent=1) + "\n")
     (out / (TRAINER + ".tmp")).replace(out / TRAINER)
+
+
+def _check_saved_steps(out: Path, step: int) -> None:
+    """ConfigError unless the weights, their config and the optimizer were all saved at the log's `step` (a kill
+    between `_save`'s files leaves them apart: resuming would not reproduce the run). Files saved before the step
+    stamp existed are judged by the config alone."""
+    saved = {"config.json": read_header(out).get("training", {}).get("step")}
+    for name in (WEIGHTS, OPTIMIZER):
+        try:
+            with safetensors.safe_open(str(out / name), "pt") as f:
+                stamp = (f.metadata() or {}).get("step")
+        except (OSError, safetensors.SafetensorError) as e:
+            raise ConfigError(f"{out / name}: unreadable ({e}); train into a new folder") from e
+        if stamp is not None:
+            saved[name] = int(stamp)
+    if off := {name: s for name, s in saved.items() if s != step}:
+        raise ConfigError(f"{out}: the training log stops at step {step} but "
+                          f"{', '.join(f'{n} is from step {s}' for n, s in off.items())} (a save was interrupted); "
+                          "resuming would not reproduce the run, so train into a new folder")
 
 
 def _load_optimizer(opt, translator, path: Path) -> None:

@@ -79,12 +79,13 @@ class Translator(nn.Module, ABC):
         return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
     # -- checkpoints --------------------------------------------------------------------------
-    def save(self, folder: str | Path, extra: dict | None = None) -> Path:
-        """Write weights (safetensors) and config (JSON) to `folder`; returns it."""
+    def save(self, folder: str | Path, extra: dict | None = None, stamp: dict[str, str] | None = None) -> Path:
+        """Write weights (safetensors, with `stamp` as their metadata: e.g. the training step) and config (JSON) to
+        `folder`; returns it."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         tensors = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
-        safetensors.torch.save_file(tensors, folder / (WEIGHTS + ".tmp"))
+        safetensors.torch.save_file(tensors, folder / (WEIGHTS + ".tmp"), metadata=stamp)
         (folder / (WEIGHTS + ".tmp")).replace(folder / WEIGHTS)
         header = {"format": FORMAT, "version": VERSION, "method": self.name, "config": self.config.to_json(),
                   "sharer": self.sharer.to_json(), "receiver": self.receiver.to_json(), **(extra or {})}

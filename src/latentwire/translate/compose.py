@@ -62,7 +62,7 @@ def compose(translator: Translator, states: PairStates, context_aware: bool = Fa
         translator.check_mode(context_aware)  # ContextModeError if trained for the other mode
         own = states.receiver_both if context_aware else states.receiver
         translated = translator(states.sharer, None)
-        out = KVState.concat([translated, cast(own, translated.dtype)])
+        out = KVState.concat([cast(translated, own.dtype), own])  # the receiver's own cache keeps its precision
     else:
         out = translator(states.sharer, states.receiver)
     return out if out.is_compact else out.compact()

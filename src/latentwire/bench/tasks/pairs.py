@@ -4,8 +4,8 @@ receiver each hold half.
     pairs("facts", "train", n=200)   # two-hop facts: the bridge fact in one document, the answer in the other
     pairs("reasoning", "test", n=40) # 2-thinker premise split: every premise is needed
 
-Neither document alone answers the question. Splits come from disjoint seed ranges and are checked
-to never share a document (`check_disjoint`). Pure functions of (task, split, n, seed).
+Neither document alone answers the question. Train, validation and test come from one candidate stream per
+(task, seed), split by a hash of the documents, and are checked to never share a document (`check_disjoint`). Pure functions of (task, split, n, seed).
 """
 from __future__ import annotations
 
