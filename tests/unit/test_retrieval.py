@@ -8,7 +8,7 @@ from latentwire.errors import ConfigError, StateFormatError, UnknownNameError
 from latentwire.protocols import get_protocol
 from latentwire.protocols.base import SENDER_PROMPT
 from latentwire.protocols.cacheback import CacheBack, document_rows
-from latentwire.message import merge_spans
+from latentwire.message import SEPARATOR, merge_spans
 from latentwire.protocols.retrieval import Retrieval
 from latentwire.select import get_selector
 from latentwire.select.bm25 import terms
@@ -88,8 +88,9 @@ def test_retrieval_budget_is_exact_and_sends_the_kept_text(agent_for, span_mode,
     picked = r.pick(agent, DOC, "Which instrument does Mira Novak play?")
     T = len(agent.chat_ids(SENDER_PROMPT.format(document=DOC)))
     assert picked.budget == -(-T // ratio) and picked.tokens == min(picked.budget, T)
-    pieces = [DOC[a:b].strip() for a, b in merge_spans(picked.kept)]
-    assert picked.text == "\n".join(pieces) and all(p in DOC for p in pieces)
+    pieces = picked.text.split(SEPARATOR)  # the kept text as cacheback_x sends spans: pieces whole, "\n…\n" between
+    ink = lambda texts: "".join("".join(t.split()) for t in texts)  # noqa: E731  the characters, whitespace aside
+    assert all(p in DOC for p in pieces) and ink(pieces) == ink(DOC[a:b] for a, b in merge_spans(picked.kept))
 
 
 def test_retrieval_keeps_the_best_sentence_whole(agent_for):
@@ -107,7 +108,7 @@ def test_retrieval_charges_no_sender_prefill(agent_for, monkeypatch):
     out = get_protocol("retrieval", selector="lexical", ratio=4).run([agent, agent], [DOC, "Rain fell all day."],
                                                                      agent, "Which instrument does Mira Novak play?")
     assert calls == ["answer"]  # the receiver's answer alone: senders only tokenise and score
-    assert out.message_bytes == len("\n".join(out.details["pieces"]).encode())
+    assert out.message_bytes == len("\n\n".join(out.details["pieces"]).encode())  # senders apart as cacheback_x
     assert len(out.kept_spans) == 2 and all(s >= 0 for s in out.sender_seconds)
 
 
@@ -413,3 +414,22 @@ def test_document_rows_refuse_a_prompt_where_the_document_is_ambiguous_or_altere
     trimming = Agent(models["llama"], tiny_merged_tokenizer(), model_name="llama-merged")  # `| trim` on content
     with pytest.raises(TaskFormatError, match="altered"):
         document_rows(trimming, "Oslo.\n", 200)
+
+
+def test_retrieval_sends_its_spans_as_cacheback_x_does_indentation_kept(agent_for):
+    """The text message is built as cacheback_x builds spans (`Spans.of` over `sent_spans`): code keeps its
+    indentation (pieces were stripped), spans apart get the "\\n…\\n" mark, senders "\\n\\n"; so the two protocols
+    differ in what they select, not in how the text reads."""
+    from latentwire.message import Spans
+    from latentwire.protocols.documents import document_rows, sent_spans
+
+    agent = agent_for("qwen2")
+    code = "def f(x):\n    y = x + 1\n    return y\n"
+    whole = Retrieval(selector="bm25", ratio=1).pick(agent, code, "What does f return?")
+    assert whole.text == code  # everything, indentation and all (was "def f(x):\ny = x + 1\nreturn y")
+    r = Retrieval(selector="bm25", ratio=4)
+    picked = r.pick(agent, DOC, "Which instrument does Mira Novak play?")
+    per_row, _ = document_rows(agent, DOC, len(agent.chat_ids(SENDER_PROMPT.format(document=DOC))))
+    rows = torch.tensor([i for i, sp in enumerate(per_row) if sp is not None and any(
+        a <= sp[0] and sp[1] <= b for a, b in picked.kept)])
+    assert picked.text == Spans.of(DOC, sent_spans(per_row, rows)).text

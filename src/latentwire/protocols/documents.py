@@ -7,6 +7,7 @@ import torch
 
 from ..agent import Agent
 from ..errors import TaskFormatError
+from ..message import merge_spans
 from .base import SENDER_PROMPT
 
 LEAD = SENDER_PROMPT.split("{document}")[0]  # "Read this document.\n\n": what every library prompt puts before it
@@ -87,3 +88,22 @@ def token_document_spans(sender: Agent, text: str, document: str, start: int | N
 
 def kept_document_spans(per_row: list, rows: torch.Tensor) -> tuple[tuple[int, int], ...]:
     return tuple(per_row[r] for r in rows.tolist() if r < len(per_row) and per_row[r] is not None)
+
+
+def sent_spans(per_row: list, rows: torch.Tensor) -> tuple[tuple[int, int], ...]:
+    """The document character spans that the selected `rows` cover (`per_row`: `document_rows`' spans), merged:
+    selected rows with no text-bearing row between them form one span (the characters between them, which no
+    token's offsets cover, are whitespace the tokenizer trimmed from its offsets, e.g. a newline or an
+    indentation token: they are kept, never replaced by a separator), spans that overlap or touch are merged."""
+    out: list[tuple[int, int]] = []
+    prev = -2
+    for r in sorted(set(rows.tolist())):
+        span = per_row[r] if r < len(per_row) else None
+        if span is None:  # template, question, latent or empty-offset (whitespace) row
+            continue
+        if out and all(per_row[k] is None for k in range(prev + 1, r)):  # the same run of text
+            out[-1] = (out[-1][0], max(out[-1][1], span[1]))
+        else:
+            out.append(tuple(span))
+        prev = r
+    return merge_spans(out)
