@@ -95,3 +95,22 @@ def test_every_hop_sends_at_most_its_budget_plus_first_row_plus_own_latents(agen
     assert hops[0]["budget"] == math.ceil(hops[0]["rows"] / 4)
     assert all(h["sent"] <= h["budget"] + 1 + G for h in hops)  # no unbudgeted inherited latent rows
     assert out.details["message_rows"] == hops[-1]["sent"]
+
+
+def test_a_hops_document_rows_are_the_document_not_the_instruction_before_it(agent):
+    """A document that "Read this document." holds ("document.") maps to the rows after the instruction."""
+    from latentwire.agent import SLOT
+
+    message, origins, _ = chain(ratio=4).hop(agent, DOCS[0], 0, QUESTION, None, [])
+    document = "document."
+    text = agent.chat_text(HOP_PROMPT.format(document=document))
+    pre, post = agent.slot_ids(text)
+    after = text.split(SLOT)[1]
+    start = after.index("Read this document.\n\n") + len("Read this document.\n\n")
+    offsets = agent.tokenizer(after, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    want = [len(pre) + len(message) + i for i, (a, b) in enumerate(offsets) if a < start + len(document) and b > start]
+    n_rows = len(pre) + len(message) + len(post) + G
+    row_origin, eligible, _ = _hop_rows(agent, document, 1, message, origins, n_rows, G)
+    own = [r for r in range(len(pre) + len(message), len(row_origin)) if row_origin[r] is not None]
+    assert own == want and all(row_origin[r][0] == 1 for r in own)
+    assert eligible[own].all() and int(eligible[len(pre) + len(message):].sum()) == len(want)

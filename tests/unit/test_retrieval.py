@@ -8,7 +8,7 @@ from latentwire.errors import ConfigError, StateFormatError, UnknownNameError
 from latentwire.protocols import get_protocol
 from latentwire.protocols.base import SENDER_PROMPT
 from latentwire.protocols.cacheback import CacheBack, document_rows
-from latentwire.message import merge_spans
+from latentwire.message import SEPARATOR, merge_spans
 from latentwire.protocols.retrieval import Retrieval
 from latentwire.select import get_selector
 from latentwire.select.bm25 import terms
@@ -88,8 +88,9 @@ def test_retrieval_budget_is_exact_and_sends_the_kept_text(agent_for, span_mode,
     picked = r.pick(agent, DOC, "Which instrument does Mira Novak play?")
     T = len(agent.chat_ids(SENDER_PROMPT.format(document=DOC)))
     assert picked.budget == -(-T // ratio) and picked.tokens == min(picked.budget, T)
-    pieces = [DOC[a:b].strip() for a, b in merge_spans(picked.kept)]
-    assert picked.text == "\n".join(pieces) and all(p in DOC for p in pieces)
+    pieces = picked.text.split(SEPARATOR)  # the kept text as cacheback_x sends spans: pieces whole, "\n…\n" between
+    ink = lambda texts: "".join("".join(t.split()) for t in texts)  # noqa: E731  the characters, whitespace aside
+    assert all(p in DOC for p in pieces) and ink(pieces) == ink(DOC[a:b] for a, b in merge_spans(picked.kept))
 
 
 def test_retrieval_keeps_the_best_sentence_whole(agent_for):
@@ -107,7 +108,7 @@ def test_retrieval_charges_no_sender_prefill(agent_for, monkeypatch):
     out = get_protocol("retrieval", selector="lexical", ratio=4).run([agent, agent], [DOC, "Rain fell all day."],
                                                                      agent, "Which instrument does Mira Novak play?")
     assert calls == ["answer"]  # the receiver's answer alone: senders only tokenise and score
-    assert out.message_bytes == len("\n".join(out.details["pieces"]).encode())
+    assert out.message_bytes == len("\n\n".join(out.details["pieces"]).encode())  # senders apart as cacheback_x
     assert len(out.kept_spans) == 2 and all(s >= 0 for s in out.sender_seconds)
 
 
@@ -354,3 +355,81 @@ def test_dense_encoder_loads_quietly_and_refuses_a_partial_checkpoint(tmp_path, 
     BertModel(cfg, add_pooling_layer=False).save_pretrained(plain)
     AutoTokenizer.from_pretrained(model_source("all-MiniLM-L6-v2")).save_pretrained(plain)
     assert encoder(str(plain))[1].config.hidden_size == 16
+
+
+# -- where the document sits in the sender's prompt ----------------------------------------------------
+def _expected_rows(agent, text: str, start: int, document: str) -> list[int]:
+    """The rows of `text` (as `agent` tokenises it) that overlap `document` placed at `start`."""
+    offsets = agent.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    return [i for i, (a, b) in enumerate(offsets) if a < start + len(document) and b > start]
+
+
+def _document_rows_at(per_row) -> list[int]:
+    return [i for i, span in enumerate(per_row) if span is not None]
+
+
+@pytest.mark.parametrize("document", ["document.", "Read", "this"])
+def test_document_rows_find_the_document_not_the_instruction_that_holds_it(agent_for, document):
+    """A short document also in "Read this document." is the one after the instruction, not its first occurrence."""
+    agent = agent_for("llama")
+    prompt = SENDER_PROMPT.format(document=document)
+    text = agent.chat_text(prompt)
+    start = text.index(prompt) + len(prompt) - len(document)  # the prompt ends with the document
+    per_row, eligible = document_rows(agent, document, 200)
+    assert _document_rows_at(per_row) == _expected_rows(agent, text, start, document)
+    assert "".join(document[a:b] for a, b in filter(None, per_row)) == document
+    assert eligible.tolist() == [span is not None for span in per_row] + [False] * (200 - len(per_row))
+
+
+def test_document_rows_skip_a_system_prompt_and_a_question_that_hold_the_document(models):
+    """The chat template's system line ("Be brief.") and a question after the document may repeat it: neither the
+    first nor the last occurrence is the document, the one the prompt places is (retrieval maps the same rows)."""
+    from latentwire.agent import Agent
+    from latentwire.models import tiny_merged_tokenizer
+    from latentwire.protocols.base import QUESTION_SUFFIX
+
+    agent = Agent(models["llama"], tiny_merged_tokenizer(), model_name="llama-merged")  # "[system] Be brief."
+    document = "Be brief."
+    for prompt in (None, SENDER_PROMPT.format(document=document) + QUESTION_SUFFIX.format(question="Be brief.?")):
+        text = agent.chat_text(prompt or SENDER_PROMPT.format(document=document))
+        assert text.count(document) == 3 - (prompt is None)
+        start = text.index("Read this document.\n\n") + len("Read this document.\n\n")
+        per_row, _ = document_rows(agent, document, 200, prompt)
+        assert _document_rows_at(per_row) == _expected_rows(agent, text, start, document)
+    assert Retrieval(selector="lexical").units(agent, document).per_row == document_rows(agent, document, 200)[0]
+
+
+def test_document_rows_refuse_a_prompt_where_the_document_is_ambiguous_or_altered(agent_for, models):
+    from latentwire.agent import Agent
+    from latentwire.errors import TaskFormatError
+    from latentwire.models import tiny_merged_tokenizer
+
+    agent = agent_for("llama")
+    per_row, _ = document_rows(agent, "Oslo", 200, "Summarise: Oslo")  # a prompt of the caller's: its one occurrence
+    assert "".join("Oslo"[a:b] for a, b in filter(None, per_row)) == "Oslo"
+    with pytest.raises(TaskFormatError, match="more than once"):
+        document_rows(agent, "Oslo", 200, "Oslo or Oslo?")
+    with pytest.raises(TaskFormatError, match="does not hold"):
+        document_rows(agent, "Oslo", 200, "Summarise: Bergen")
+    trimming = Agent(models["llama"], tiny_merged_tokenizer(), model_name="llama-merged")  # `| trim` on content
+    with pytest.raises(TaskFormatError, match="altered"):
+        document_rows(trimming, "Oslo.\n", 200)
+
+
+def test_retrieval_sends_its_spans_as_cacheback_x_does_indentation_kept(agent_for):
+    """The text message is built as cacheback_x builds spans (`Spans.of` over `sent_spans`): code keeps its
+    indentation (pieces were stripped), spans apart get the "\\n…\\n" mark, senders "\\n\\n"; so the two protocols
+    differ in what they select, not in how the text reads."""
+    from latentwire.message import Spans
+    from latentwire.protocols.documents import document_rows, sent_spans
+
+    agent = agent_for("qwen2")
+    code = "def f(x):\n    y = x + 1\n    return y\n"
+    whole = Retrieval(selector="bm25", ratio=1).pick(agent, code, "What does f return?")
+    assert whole.text == code  # everything, indentation and all (was "def f(x):\ny = x + 1\nreturn y")
+    r = Retrieval(selector="bm25", ratio=4)
+    picked = r.pick(agent, DOC, "Which instrument does Mira Novak play?")
+    per_row, _ = document_rows(agent, DOC, len(agent.chat_ids(SENDER_PROMPT.format(document=DOC))))
+    rows = torch.tensor([i for i, sp in enumerate(per_row) if sp is not None and any(
+        a <= sp[0] and sp[1] <= b for a, b in picked.kept)])
+    assert picked.text == Spans.of(DOC, sent_spans(per_row, rows)).text

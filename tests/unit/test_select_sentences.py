@@ -29,11 +29,69 @@ def test_sentence_groups_end_at_sentences_lines_and_length():
     per_row = [None] + _rows_of(doc, pieces) + [None, None]  # template rows around the document
     groups = sentence_groups(per_row, doc, max_len=32)
     text = lambda g: "".join(doc[per_row[r][0]:per_row[r][1]] for r in g)  # noqa: E731
-    assert [text(g) for g in groups] == ["Ada led Orion.", " Bo led Vega in Oslo.", "\n", "Budget: 40k\n", "End"]
+    assert [text(g) for g in groups] == ["Ada led Orion.", " Bo led Vega in Oslo.", "Budget: 40k\n", "End"]
     assert all(per_row[r] is not None for g in groups for r in g)  # never outside the document's rows
     short = sentence_groups(per_row, doc, max_len=2)
-    assert max(map(len, short)) <= 2 and sum(map(len, short)) == len(pieces)
+    assert max(map(len, short)) <= 2 and sum(map(len, short)) == len(pieces) - 1  # all but the lone "\n" row
     assert sentence_groups(per_row, doc, max_len=32) == groups  # deterministic
+
+
+def test_sentence_groups_leave_out_parts_of_whitespace_alone():
+    """Blank lines (code) and trailing spaces form no unit, so they never compete for a budget; a line's own newline
+    and indentation stay in its group; a sentence at max_len is not cut because blank lines follow it."""
+    from latentwire.select import sentence_groups
+
+    doc = "\n\nimport os\n\n\ndef f():\n    \n    return 1\n  "
+    pieces = ["\n", "\n", "import", " os", "\n", "\n", "\n", "def", " f", "():", "\n", "    ", "\n", "    ", "return",
+              " 1", "\n", "  "]
+    per_row = [None] + _rows_of(doc, pieces) + [None]
+    text = lambda g: "".join(doc[per_row[r][0]:per_row[r][1]] for r in g)
+    groups = sentence_groups(per_row, doc, max_len=32)
+    assert [text(g) for g in groups] == ["import os\n", "def f():\n", "    return 1\n"]
+    assert sentence_groups(_rows_of("\n \n\n", ["\n", " ", "\n", "\n"]), "\n \n\n") == []  # nothing to select
+    words = [f" w{i}" for i in range(31)] + [".", "\n", "\n", "\n"]
+    long = "".join(words)
+    assert [len(g) for g in sentence_groups(_rows_of(long, words), long, max_len=32)] == [32]  # whole, then nothing
+
+
+def test_sentence_groups_cut_long_sentences_into_near_equal_parts_and_keep_no_break_spaces():
+    from latentwire.select import sentence_groups
+
+    doc = "abcdefg"
+    assert [len(g) for g in sentence_groups(_rows_of(doc, list(doc)), doc, max_len=3)] == [3, 2, 2]  # not 3, 3, 1
+    doc = "Mr.\u00a0Smith came. He left."
+    pieces = ["Mr", ".", "\u00a0Smith", " came", ".", " He", " left", "."]
+    groups = sentence_groups(_rows_of(doc, pieces), doc)
+    assert ["".join(pieces[r] for r in g) for g in groups] == ["Mr.\u00a0Smith came.", " He left."]
+
+
+@pytest.mark.parametrize("tokens", ["words", "characters"])
+def test_sentence_groups_end_after_closing_quotes_brackets_and_cjk_stops(tokens):
+    """A sentence also ends after a closing quote or bracket that follows its stop (in the same row or the next)
+    and at 。！？ with no space after them; not at a decimal point or inside "e.g.x"."""
+    from latentwire.select import sentence_groups
+
+    sentences = ['He said "stop."', '  Next (see above.)', ' Then [x.]', " Done it's ok.'", " Yes “fine!”",
+                 " 3.14 is pi, e.g.x fine.", " 你好。", "再见！", "好吗？"]
+    doc = "".join(sentences)
+    pieces = (["He", " said", ' "', "stop", '."', "  Next", " (", "see", " above", ".)", " Then", " [", "x", ".", "]",
+               " Done", " it", "'s", " ok", ".'", " Yes", " “", "fine", "!”", " 3", ".", "14", " is", " pi", ",",
+               " e", ".", "g", ".", "x", " fine", ".", " 你", "好", "。", "再", "见", "！", "好", "吗", "？"]
+              if tokens == "words" else list(doc))
+    per_row = _rows_of(doc, pieces)
+    groups = sentence_groups(per_row, doc, max_len=100)
+    assert ["".join(doc[per_row[r][0]:per_row[r][1]] for r in g) for g in groups] == sentences
+
+
+def test_sentence_groups_keep_the_byte_rows_of_one_character_together(tokenizer):
+    """A byte-level tokenizer gives each byte of "。" a row with the character's span: the group ends after the last."""
+    from latentwire.select import sentence_groups
+
+    doc = "你好。再见。"
+    per_row = tokenizer(doc, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    assert len(per_row) == 3 * len(doc)  # three bytes, three rows, one span per character
+    groups = sentence_groups(per_row, doc)
+    assert groups == [list(range(9)), list(range(9, 18))]
 
 
 @pytest.mark.parametrize("budget", [0, 1, 5, 9, 13, 40])
@@ -204,14 +262,14 @@ def test_context_rows_name_each_sentences_paragraph_lead_or_predecessor():
     rows = re.finditer(r"\n+|[ \t]*\S+", doc)  # as a tokenizer: a row per word with the space before it, newlines apart
     per_row = [(m.start(), m.end()) for m in rows]
     groups = sentence_groups(per_row, doc, 32)
-    texts = [doc[per_row[g[0]][0]:per_row[g[-1]][1]].strip() for g in groups]
-    assert texts == ["Ann moved here.", "She keeps bees.", "", "Bo sings.", "He drinks tea.", "He rows.", "",
-                     "New line here."]  # newline rows are groups of their own
+    texts = [doc[per_row[g[0]][0]:per_row[g[-1]][1]] for g in groups]
+    assert texts == ["Ann moved here.", " She keeps bees.", "Bo sings.", " He drinks tea.", " He rows.",
+                     "New line here."]  # rows of newlines alone are no group
     lead = context_rows(groups, per_row, doc, "lead")
     prev = context_rows(groups, per_row, doc, "previous")
     g = groups
-    assert lead == [[], g[0], [], [], g[3], g[3], [], g[3]]  # one newline does not end a paragraph; a blank line does
-    assert prev == [[], g[0], [], [], g[3], g[4], [], g[5]]
+    assert lead == [[], g[0], [], g[2], g[2], g[2]]  # one newline does not end a paragraph; a blank line does
+    assert prev == [[], g[0], [], g[2], g[3], g[4]]
     assert all(c == [] for c in context_rows(groups, per_row, doc, "none"))
     with pytest.raises(ValueError):
         context_rows(groups, per_row, doc, "all")
@@ -233,7 +291,9 @@ def test_context_rows_in_one_pass_match_their_definition_on_random_documents():
         per_row = [(m.start(), m.end()) for m in re.finditer(r"\n+|[ \t]*\S+", doc)]
         groups = sentence_groups(per_row, doc, 32)
         breaks = [m.end() for m in re.finditer(r"\n[ \t]*\n", doc)]
-        para = [bisect.bisect_right(breaks, per_row[g[0]][0]) for g in groups]
+        starts = [per_row[g[0]][0] for g in groups]  # where each group's text starts (past leading whitespace)
+        starts = [a + len(doc[a:]) - len(doc[a:].lstrip()) for a in starts]
+        para = [bisect.bisect_right(breaks, a) for a in starts]
         text = [any(doc[per_row[r][0]:per_row[r][1]].strip() for r in g) for g in groups]
         for kind in ("lead", "previous"):
             want = []

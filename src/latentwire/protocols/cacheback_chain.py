@@ -23,7 +23,7 @@ from ..select import (TextSelector, always_kept, fanin_budget, fixed_chain_budge
 from ..select.presses import rerun_seconds
 from .base import SENDER_PROMPT, Outcome, register
 from .cacheback import KV_ENCODINGS, CacheBack
-from .documents import document_rows, token_document_spans
+from .documents import chat_document, document_rows, token_document_spans
 
 HOP_PROMPT = "Notes from the previous agent:\n" + SLOT + "\n\n" + SENDER_PROMPT
 BUDGETS = ("relative", "fixed")
@@ -106,10 +106,11 @@ def _hop_rows(sender: Agent, document: str, index: int, message: Rows, origins: 
     Every inherited row (token or latent) and every document row is eligible; the first row and the hop's
     own `latent_steps` latent rows (the state's last rows) are always kept.
     """
-    text = sender.chat_text(HOP_PROMPT.format(document=document))
+    text, start = chat_document(sender, HOP_PROMPT.format(document=document), document)
     pre, _ = sender.slot_ids(text)  # the rows after the slot are tokenised from the text after it
+    cut = text.index(SLOT) + len(SLOT)
     doc_origin: list[Origin] = [(index, s) if s else None
-                                for s in token_document_spans(sender, text.split(SLOT)[1], document)]
+                                for s in token_document_spans(sender, text[cut:], document, start - cut)]
     row_origin = [None] * len(pre) + list(origins) + doc_origin
     device = sender.device  # with the sender's state (the message may come from another device)
     eligible = torch.zeros(n_rows, dtype=torch.bool, device=device)  # (T,)

@@ -63,6 +63,7 @@ from ..translate.base import Translator, cast, read_header
 from ..translate.latent_map import LatentMap
 from .base import after_first, Outcome, register
 from .cacheback import CacheBack, Sent
+from .documents import sent_spans
 
 DELIVERIES = ("spans", "spans+latent", "translated")
 ROW_TRANSLATORS = ("dense",)  # translators that map rows on their own (needs_receiver=False)
@@ -250,25 +251,6 @@ class CacheBackX(CacheBack):
                         "latent_bytes": nbytes - text_bytes}
         return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds + build_s, details,
                        kept_spans=kept, read_seconds=self.reads_of(timing), after_first=after_first(reply))
-
-
-def sent_spans(per_row: list, rows: torch.Tensor) -> tuple[tuple[int, int], ...]:
-    """The document character spans that the selected `rows` cover (`per_row`: `document_rows`' spans), merged:
-    selected rows with no text-bearing row between them form one span (the characters between them, which no
-    token's offsets cover, are whitespace the tokenizer trimmed from its offsets, e.g. a newline or an
-    indentation token: they are kept, never replaced by a separator), spans that overlap or touch are merged."""
-    out: list[tuple[int, int]] = []
-    prev = -2
-    for r in sorted(set(rows.tolist())):
-        span = per_row[r] if r < len(per_row) else None
-        if span is None:  # template, question, latent or empty-offset (whitespace) row
-            continue
-        if out and all(per_row[k] is None for k in range(prev + 1, r)):  # the same run of text
-            out[-1] = (out[-1][0], max(out[-1][1], span[1]))
-        else:
-            out.append(tuple(span))
-        prev = r
-    return merge_spans(out)
 
 
 @torch.no_grad()

@@ -26,14 +26,15 @@ import torch
 
 from ..agent import Agent
 from ..errors import ConfigError, UnknownNameError
-from ..message import merge_spans
+from ..message import Spans
 from ..placement import HOST
 from ..select import (SELECTORS, SPAN, TextSelector, check_sentence_options, context_rows, fanin_budget,
                       get_selector, rows_from_units, select_rows, span_units, sentence_groups, unit_row_scores,
                       unit_texts)
 from .base import after_first, SENDER_PROMPT, Outcome, Protocol, register
 from .cacheback import SPAN_MODES
-from .documents import kept_document_spans, token_document_spans
+from .cacheback_x import SENDER_SEPARATOR
+from .documents import chat_document, kept_document_spans, sent_spans, token_document_spans
 from .reads import held_value, text_key
 
 
@@ -102,7 +103,8 @@ class Retrieval(Protocol):
 
     def units(self, sender: Agent, document: str, index: bool = False) -> Units:
         """The query-blind part of a sender's pick (`Units`); with `index`, the selector's index of the units too."""
-        per_row = token_document_spans(sender, sender.chat_text(SENDER_PROMPT.format(document=document)), document)
+        text, start = chat_document(sender, SENDER_PROMPT.format(document=document), document)
+        per_row = token_document_spans(sender, text, document, start)
         eligible = torch.tensor([sp is not None for sp in per_row], dtype=torch.bool, device=HOST)  # (T,) text work
         keep = torch.zeros_like(eligible)  # nothing is always sent: no first or latent rows in text
         groups = sentence_groups(per_row, document, 2 * self.span) if self.span_mode == "sentence" else None
@@ -131,7 +133,7 @@ class Retrieval(Protocol):
         keep = torch.zeros_like(u.eligible)
         rows = select_rows(scores, budget, keep, self.span, u.eligible, u.groups, self.unit_floor, u.ctx, self.fill)
         kept = kept_document_spans(u.per_row, rows)
-        text = "\n".join(document[a:b].strip() for a, b in merge_spans(kept))
+        text = Spans.of(document, sent_spans(u.per_row, rows)).text  # as cacheback_x sends spans: the same text
         return Picked(text, kept, time.perf_counter() - t0 + read_s, budget, len(kept), read_s, held)
 
     def _index_key(self, sender: Agent, document: str) -> tuple:
@@ -143,7 +145,7 @@ class Retrieval(Protocol):
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
         picked = [self.pick(sender, doc, question) for sender, doc in self._pair(senders, documents)]
-        message = "\n".join(p.text for p in picked if p.text)
+        message = SENDER_SEPARATOR.join(p.text for p in picked if p.text)
         reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
         return Outcome(self.name, reply.text, len(message.encode()), reply.context,
                        tuple(p.seconds for p in picked), reply.seconds,

@@ -248,11 +248,12 @@ def check_sentence_options(span_mode: str, context: str, fill: str) -> None:
 def context_rows(groups: list[list[int]], per_row: list, document: str, kind: str) -> list[list[int]]:
     """Per group (`sentence_groups`), the rows it takes along: "lead" = the first group of its paragraph (text between
     blank lines: where a paragraph names its subject), "previous" = the group just before it in the same paragraph,
-    "none" = nothing. A paragraph's first sentence takes nothing; groups of newlines alone neither take nor give."""
+    "none" = nothing. A group is in the paragraph where its text starts (past the whitespace it may begin with). A
+    paragraph's first sentence takes nothing; groups of whitespace alone neither take nor give."""
     if kind not in CONTEXTS:
         raise ValueError(f"context must be one of {CONTEXTS}, got {kind!r}")
-    breaks = [m.end() for m in re.finditer(r"\n[ \t]*\n", document)]  # paragraph starts (after each blank line)
-    para = [bisect.bisect_right(breaks, per_row[g[0]][0]) for g in groups]  # paragraph index of each group
+    breaks = [m.end() for m in re.finditer(r"\n[ \t\r]*\n", document)]  # paragraph starts (after each blank line)
+    para = [bisect.bisect_right(breaks, _text_start(g, per_row, document)) for g in groups]  # paragraph of each group
     text = [any(document[per_row[r][0]:per_row[r][1]].strip() for r in g) for g in groups]  # not newlines alone
     out, first, last = [], {}, {}  # per paragraph: its first and its latest text group so far (one pass)
     for i in range(len(groups)):
@@ -262,6 +263,12 @@ def context_rows(groups: list[list[int]], per_row: list, document: str, kind: st
             first.setdefault(para[i], i)
             last[para[i]] = i
     return out
+
+
+def _text_start(group: list[int], per_row: list, document: str) -> int:
+    """Where the text of `group` starts: its first row's start, past any whitespace the group begins with."""
+    a, b = per_row[group[0]][0], per_row[group[-1]][1]
+    return a + len(document[a:b]) - len(document[a:b].lstrip())
 
 
 CONTEXTS = ("none", "lead", "previous")
@@ -309,35 +316,52 @@ def candidate_rows(keep: torch.Tensor, eligible: torch.Tensor | None = None) -> 
     return torch.nonzero(~keep if eligible is None else eligible & ~keep).flatten()
 
 
+_CLOSERS = "\"'”’)\\]」』）"  # closing quotes and brackets that may follow a sentence's stop
+# A sentence's end (where the match ends): a stop and its closers before whitespace other than a no-break space
+# ("Mr.\u00a0Smith" is one sentence) or the document's end; or a CJK stop, no whitespace needed.
+_SENTENCE_END = re.compile(rf"[.!?][{_CLOSERS}]*(?=[^\S\u00a0\u202f]|\Z)|[。！？][{_CLOSERS}]*")
+
+
 def sentence_groups(per_row: list[tuple[int, int] | None], document: str, max_len: int = 2 * SPAN) -> list[list[int]]:
     """Document rows grouped into sentences and lines: the span unit of CacheBack's `span_mode="sentence"`.
 
     per_row: for each row of a sender state, the character span of `document` it covers (None for
     template rows), as `protocols.cacheback.document_rows` gives. A group ends after a row whose text
-    ends a line (holds a newline) or a sentence (".", "!" or "?" followed by whitespace or the end), at a
-    gap in the document rows, or at `max_len` rows (a long sentence is cut into near-equal parts). Groups are in document order and never leave the document's rows.
+    ends a line (holds a newline) or holds the end of a sentence — ".", "!" or "?" and any closing quotes or
+    brackets after it (`"'”’)]」』）`), followed by whitespace other than a no-break space, or the end of the
+    document (not "3.14", not "e.g.x"), or 。！？ (and closers), no whitespace needed — unless the next row covers
+    that end too (the other bytes of one character) — or at a gap in the document rows. A group over `max_len`
+    rows is cut into near-equal parts (sizes differ by at most one). Parts of whitespace alone (a blank line in
+    code, the spaces after a document's last line) are left out: they hold nothing to select, so they never
+    compete for a budget, and their rows are sent only inside a group. Groups are in document order and never
+    leave the document's rows.
     """
     if max_len < 1:
         raise ValueError(f"max_len must be ≥ 1, got {max_len}")
+    ends = [m.end() for m in _SENTENCE_END.finditer(document)]
     groups, current = [], []
     rows = [r for r, sp in enumerate(per_row) if sp is not None]
     for k, r in enumerate(rows):
         current.append(r)
         a, b = per_row[r]
         nxt = rows[k + 1] if k + 1 < len(rows) else None
-        after = document[b] if b < len(document) else " "
-        text = document[a:b]
-        ends = "\n" in text or (text.rstrip()[-1:] in (".", "!", "?") and after.isspace()) or nxt != r + 1
-        if ends:
-            groups += _split_even(current, max_len)
+        i = bisect.bisect_right(ends, a)  # the first sentence end after the row's start
+        stop = i < len(ends) and ends[i] <= b and (nxt is None or per_row[nxt][0] >= ends[i])
+        if "\n" in document[a:b] or stop or nxt != r + 1:
+            groups += [part for part in _split_even(current, max_len)
+                       if document[per_row[part[0]][0]:per_row[part[-1]][1]].strip()]
             current = []
     return groups
 
 
 def _split_even(rows: list[int], max_len: int) -> list[list[int]]:
+    """`rows` cut into the fewest parts of at most `max_len`, their sizes differing by at most one (larger first)."""
     parts = math.ceil(len(rows) / max_len)
-    size = math.ceil(len(rows) / parts)
-    return [rows[i:i + size] for i in range(0, len(rows), size)]
+    size, extra = divmod(len(rows), parts)
+    bounds = [0]
+    for p in range(parts):
+        bounds.append(bounds[-1] + size + (p < extra))
+    return [rows[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 SELECTORS = Registry("selector")
