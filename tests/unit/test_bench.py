@@ -129,6 +129,7 @@ def test_runner_resumes_records_errors_and_reports(tiny_task, tmp_path):
         run(RunConfig(str(tiny_task), "alone", "llama", seed=1), out, progress=False, agent=agent)
     report = write_report(out)
     assert "| `alone(max_new_tokens=2)` | 3 | 0 |" in report.read_text()
+    assert "3 episodes (every episode of the task, filters none)" in report.read_text()  # no sample: no seed
     assert (out / "accuracy_vs_tteoa.png").stat().st_size > 1000 and (out / "recall_vs_ratio.png").exists()
     # A record still being written (cut, no newline yet) is left out of a report on a running folder; a whole one
     # whose newline is not there yet is read.
@@ -564,6 +565,7 @@ def test_resuming_after_a_default_changed_is_refused(tiny_task, tmp_path):
     assert list(protocols) == [label, "alone"] and protocols[label]["parameters"] == {"max_new_tokens": 1}
     assert protocols["alone"]["parameters"] == {"max_new_tokens": 48}
     assert "parameters_since" in protocols[label] and "parameters_since" not in protocols["alone"]
+    assert "2 episodes (a sample of 2, seed 0, filters none)" in write_report(out).read_text()
     record = json.loads(path.read_text())
     record["config"]["protocols"]["alone"]["parameters"]["gone"] = 1  # a parameter on one side only: not compared
     path.write_text(json.dumps(record))

@@ -292,7 +292,7 @@ def _header_lines(config: dict, clustered: bool = False) -> list[str]:
     table."""
     cfg, env = config["config"], config["environment"]
     return [f"# Run report: task `{cfg['task']}`, model `{cfg['model']}`", "",
-            f"{len(config['episodes'])} episodes (seed {cfg['seed']}, filters {cfg['filters'] or 'none'}); "
+            f"{len(config['episodes'])} episodes ({_sample_note(cfg)}, filters {cfg['filters'] or 'none'}); "
             f"latentwire {env['latentwire']}{' @ ' + str(env['git'])[:10] if env.get('git') else ' (no git checkout)'}, "
             f"torch {env['torch']}, transformers "
             f"{env['transformers']}, {env['cpus']} CPUs, {env['torch_threads']} threads.", "",
@@ -301,6 +301,12 @@ def _header_lines(config: dict, clustered: bool = False) -> list[str]:
             + ". Answer scores count episodes that failed with a typed "
             "error as 0; costs are over episodes that ran. TTEOA = slowest sender + receiver "
             "(senders in parallel).", ""]
+
+
+def _sample_note(cfg: dict) -> str:
+    """How the episodes were chosen: the seed only where it drew a sample (`n`); without one every episode of the
+    task ran and the seed chose nothing (a task file's own generation seed is not the run's)."""
+    return "every episode of the task" if cfg.get("n") is None else f"a sample of {cfg['n']}, seed {cfg['seed']}"
 
 
 def _summary_lines(summary: dict[str, dict]) -> list[str]:
