@@ -11,7 +11,7 @@ from latentwire.bench.runner import RunConfig, run
 from latentwire.models import tiny_model, tiny_tokenizer
 from latentwire.protocols import get_protocol
 from latentwire.errors import ConfigError, UnknownNameError
-from latentwire.protocols.reads import HeldReads, read, shared_reads
+from latentwire.protocols.reads import HeldReads, _entry_bytes, read, shared_reads
 
 DOC, Q = "The blue crate holds 58 bolts. The red crate holds 12 nails.", "How many bolts?"
 
@@ -56,7 +56,9 @@ def test_protocols_share_a_read_and_report_it(agent_for, spy_decode):
     assert outs[0].details["shared_reads"] == 0 and outs[3].details["shared_reads"] == 1
     assert [o.details["senders"][0]["shared_read"] for o in outs[1:3]] == [True, True]
     # every protocol is charged at least the one measured read
-    read_s = outs[1].details["senders"][0]["read_s"]
+    sender = outs[1].details["senders"][0]
+    read_s = sender["read_s"] - sender["layout_s"]  # CacheBack's read_s also holds its document layout
+    assert sender["layout_s"] > 0
     assert all(min(o.sender_seconds) >= read_s for o in outs)
     # alone, each protocol's receiver decodes from the same input as when sharing (states are values)
     shared_inputs = list(seen)
@@ -287,10 +289,17 @@ def test_held_text_reports_read_each_document_once_and_have_a_question_time(agen
             [agent] * 2, docs, agent, "Where did Ada lead Orion?")
     # per document one prefill, which is its G = 0 state; CacheBack at G = 0 reused text's reads
     assert held.reads_computed == 2 and cb.details["senders"][0]["shared_read"]
-    assert held.nbytes == sum(read(agent, "Read this document.\n\n" + d, 0, "rescale").state.nbytes for d in docs)
+    states = sum(read(agent, "Read this document.\n\n" + d, 0, "rescale").state.nbytes for d in docs)
+    layouts = sum(_entry_bytes(v) for k, v in held.memo.items() if k[:2] == ("index", "layout"))  # CacheBack's
+    assert held.indexes_computed == 2 and held.nbytes == states + layouts and 0 < layouts < states
     with shared_reads(held):
         warm = text.run([agent] * 2, docs, agent, "Where did Bo lead Vega?")
+        cb_warm = get_protocol("cacheback", ratio=2, latent_steps=0, max_new_tokens=2).run(
+            [agent] * 2, docs, agent, "Where did Bo lead Vega?")
     assert held.reads_computed == 2  # no new read for the second question
+    # CacheBack's document layout is held with the read: the follow-up's question time pays neither
+    assert all(s["layout_s"] > 0 for s in cb.details["senders"]) and held.indexes_computed == 2
+    assert [(s["read_s"], s["layout_s"]) for s in cb_warm.details["senders"]] == [(0.0, 0.0)] * 2
     assert min(first.read_seconds) > 0 and first.question_tteoa < first.tteoa
     assert warm.read_seconds == (0.0, 0.0) and warm.question_tteoa == pytest.approx(warm.tteoa)
     by_hand = agent.answer_after(agent.prefill("Read this document.\n\n" + docs[1]),
@@ -367,7 +376,7 @@ def test_kv_and_rows_senders_on_gemma3_keep_separate_reads_in_one_block(agent_fo
         rows = get_protocol("cacheback", ratio=2, latent_steps=1, max_new_tokens=1).run([agent], docs, agent, q)
         kv = get_protocol("cacheback", ratio=2, latent_steps=1, max_new_tokens=1, encoding="kv").run(
             [agent], docs, agent, q)
-        states = [v[0] for v in memo.values()]
+        states = [v[0] for k, v in memo.items() if k[0] != "index"]  # not CacheBack's document layouts
     assert len(states) == 4 and _prefills(agent) == 2  # a windowed and a full-history prefill, each with its G = 1
     window = agent.geometry.sliding_window
     held_rows = sorted({len(s.layers[0].positions) for s in states})  # layer 0 is a sliding layer

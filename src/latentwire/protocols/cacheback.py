@@ -29,7 +29,7 @@ from ..state import KVState
 from .calibration import GENERIC_QUESTION, calibrate, masked_question
 from .base import after_first, QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, sender_prompt_lengths
 from .documents import document_rows, kept_document_spans, token_document_spans  # noqa: F401  (re-exported)
-from .reads import Read, read
+from .reads import Read, held_value, read, text_key
 from .variants import SCORING_PRESETS, variant_fields  # noqa: F401  (re-exported)
 
 # "rows": hidden-size input rows the receiver re-prefills; "token_ids": their ids (+ latent rows); "kv": the selected
@@ -339,6 +339,11 @@ class CacheBack(Protocol):
             ctx = context_rows(groups, per_row, document, self.context)
         return select_rows(scores, budget, keep, self.span, eligible, groups, self.unit_floor, ctx, self.fill)
 
+    def layout(self, sender: Agent, document: str, n_rows: int, prompt: str) -> tuple:
+        """(per_row, eligible, groups) of a state of `n_rows` read from `prompt`: `document_rows` and `span_groups`."""
+        per_row, eligible = document_rows(sender, document, n_rows, prompt)
+        return per_row, eligible, self.span_groups(per_row, document)
+
     def span_groups(self, per_row: list, document: str) -> list[list[int]] | None:
         """The span units `choose` ranks for this document: None (fixed spans) or its sentences and lines."""
         return sentence_groups(per_row, document, 2 * self.span) if self.span_mode == "sentence" else None
@@ -464,16 +469,23 @@ class CacheBack(Protocol):
             tb = time.perf_counter()
             self.background(sender, state)
             background_s = time.perf_counter() - tb
+        # Where the document sits in the state's rows and its sentence units depend on the prompt, not on the
+        # question (unless it is in the prompt: query_aware): part of the read, held with it across questions.
+        prompt = self.sender_prompt(document, question)
+        (per_row, eligible, groups), layout_s, _ = held_value(
+            ("index", "layout", sender.uid, sender.model_name, len(state), self.span_mode, self.span,
+             text_key(sender.chat_text(prompt))),
+            lambda: self.layout(sender, document, len(state), prompt))
         t1 = time.perf_counter()
-        t0 = t1 - r.seconds - background_s  # charged the read it would pay alone, shared or not
-        per_row, eligible = document_rows(sender, document, len(state), self.sender_prompt(document, question))
-        rows = self.choose(sender, state, question, eligible, self.span_groups(per_row, document), per_row, document)
+        t0 = t1 - r.seconds - background_s - layout_s  # charged the read it would pay alone, shared or not
+        rows = self.choose(sender, state, question, eligible, groups, per_row, document)
         part = self.pack(sender, state, rows, per_row, document, index)
         # Press baselines re-run the prefill to record scores a deployed sender records while reading:
         # that re-run is not charged, the scoring inside it is.
         t2 = time.perf_counter() - rerun_seconds(self.selector_for(per_row))
         doc_rows = sum(1 for x in rows.tolist() if x < len(per_row) and per_row[x] is not None)
-        timing = {"read_s": r.seconds + background_s, "background_s": background_s, "select_s": t2 - t1,
+        timing = {"read_s": r.seconds + background_s + layout_s, "background_s": background_s, "layout_s": layout_s,
+                  "select_s": t2 - t1,
                   "rows": len(state), "sent": len(rows), "sent_document_rows": doc_rows,
                   "shared_read": r.shared}  # sent: + first, latent
         if self.probe:

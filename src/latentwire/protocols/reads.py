@@ -61,7 +61,8 @@ def text_key(text: str) -> str:
 
 
 class HeldReads:
-    """Reads and retriever indexes kept across questions, within `max_bytes` (least recently used go first).
+    """Reads, retriever indexes and CacheBack's document layouts kept across questions, within `max_bytes`
+    (least recently used go first).
 
         held = HeldReads(max_bytes=2 * 2**30)
         with shared_reads(held):
@@ -82,7 +83,7 @@ class HeldReads:
         self.reads_computed = 0  # prefills + latent-step runs actually computed (not served)
         self.served_held = 0  # finished states served from an earlier block (read before the question)
         self.dropped = 0  # entries dropped to stay within max_bytes
-        self.indexes_computed = 0  # retrievers' document indexes built (`held_value`), not counted as reads
+        self.indexes_computed = 0  # retriever indexes and document layouts built (`held_value`), not reads
         self.indexes_served_held = 0  # indexes served from an earlier block (built before the question)
 
     @property
