@@ -101,3 +101,32 @@ def test_a_cell_whose_generator_changed_is_refused_or_run_as_committed(tmp_path,
     records = [json.loads(line) for line in (folder / "records.jsonl").read_text().splitlines()]
     assert {r["episode"] for r in records} == {"coref-0000"} and len(records) == len(rival.PROTOCOLS)
     assert (folder / "episodes.jsonl").read_text().strip() == committed.to_json()  # kept as it was
+
+
+def test_rival_spans_pairs_the_rerun_with_the_rival_records_on_finished_episodes(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import rival_spans as rs
+
+    monkeypatch.setattr(rs, "RIVAL", tmp_path)
+
+    def rec(protocol, episode, accuracy, run="new"):
+        return {"protocol": protocol, "episode": episode, "accuracy": accuracy, "tteoa": 2.0, "run": run,
+                "sender_seconds": [1.0], "evidence_recall": 1.0, "receiver_context": 10, "error": None}
+
+    (tmp_path / "code1").mkdir()
+    old = [rec(p, e, 0.0, "old") for e in ("e1", "e2", "e3") for p in (rs.CB8, rs.BM25, rs.DENSE, "text")]
+    (tmp_path / "code1" / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))  # other protocols too
+    folder = tmp_path / "code1_spans"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"config": {"dtype": "float32"}, "episodes": ["e1", "e2", "e3"]}))
+    new = [rec(p, e, 1.0) for e in ("e1", "e2") for p in rs.PROTOCOLS] + [rec(rs.CB8, "e3", 1.0)]  # e3 unfinished
+    (folder / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in new))
+    page = rs.write_readme(folder, "code1", "python benchmarks/rival_spans.py").read_text()
+    assert "2 of the rival cell's 3 committed episodes" in page  # e3 is left out: not every protocol finished it
+    assert f"| `{rs.BM25}{rs.OLD}` | 2 | 0.00 [0.00, 0.00] |" in page
+    assert f"| `{rs.BM25}` | 2 | 1.00 [1.00, 1.00] |" in page
+    rows = [line for line in page.splitlines() if line.startswith("| `") and " vs " in line]
+    assert len(rows) == len(rs.FAMILY) == 6 and "over these six" in page
+    assert f"| `{rs.BM25}` vs `{rs.BM25}{rs.OLD}` | 2 | 1.00 vs 0.00 | +100 pp" in page
+    assert "† TTEOA ratio" in page  # the rival's times come from another run
+    assert "Command: `python benchmarks/rival_spans.py`" in page
