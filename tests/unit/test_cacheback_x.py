@@ -88,15 +88,22 @@ def test_same_model_spans_cover_the_rows_cacheback_sends(agent_for, arch, span_m
 
 
 def test_sent_spans_merge_consecutive_rows_and_keep_untokenised_gaps():
+    doc = "abc defgh!!!xyz"
     per_row = [None, (0, 3), (4, 7), (7, 9), (12, 15), None, None]  # (3, 4): a trimmed space between two tokens
     rows = torch.tensor([0, 1, 2, 4, 5, 6])
-    assert sent_spans(per_row, rows) == ((0, 7), (12, 15))  # rows 1, 2 follow each other: one span over the gap
-    assert sent_spans(per_row, torch.tensor([2, 3])) == ((4, 9),)  # touching spans merge
-    assert sent_spans(per_row, torch.tensor([0, 5])) == ()  # template and latent rows carry no text
+    assert sent_spans(per_row, rows, doc) == ((0, 7), (12, 15))  # rows 1, 2 follow each other: one span over the gap
+    assert sent_spans(per_row, torch.tensor([2, 3]), doc) == ((4, 9),)  # touching spans merge
+    assert sent_spans(per_row, torch.tensor([0, 5]), doc) == ()  # template and latent rows carry no text
     # an unselected whitespace token with empty offsets (row 2: "\n    ") does not split a run of text
+    doc = "abc\n    defgxyz"
     per_row = [None, (0, 3), None, (8, 12), (12, 15), None]
-    assert sent_spans(per_row, torch.tensor([1, 3])) == ((0, 12),)
-    assert sent_spans(per_row, torch.tensor([1, 4])) == ((0, 3), (12, 15))  # row 3 holds text: a real gap
+    assert sent_spans(per_row, torch.tensor([1, 3]), doc) == ((0, 12),)
+    assert sent_spans(per_row, torch.tensor([1, 4]), doc) == ((0, 3), (12, 15))  # row 3 holds text: a real gap
+    # nor does an unselected row of whitespace alone (a blank line between two lines of code): nothing left out
+    doc = "x = 1\n\n\ny = 2"
+    per_row = [(0, 5), (5, 8), (8, 13)]
+    assert sent_spans(per_row, torch.tensor([0, 2]), doc) == ((0, 13),)
+    assert Spans.of(doc, sent_spans(per_row, torch.tensor([0, 2]), doc)).text == doc  # no gap mark
 
 
 def test_evidence_recall_is_measured_as_for_cacheback(agent_for, tokenizer):

@@ -432,4 +432,4 @@ def test_retrieval_sends_its_spans_as_cacheback_x_does_indentation_kept(agent_fo
     per_row, _ = document_rows(agent, DOC, len(agent.chat_ids(SENDER_PROMPT.format(document=DOC))))
     rows = torch.tensor([i for i, sp in enumerate(per_row) if sp is not None and any(
         a <= sp[0] and sp[1] <= b for a, b in picked.kept)])
-    assert picked.text == Spans.of(DOC, sent_spans(per_row, rows)).text
+    assert picked.text == Spans.of(DOC, sent_spans(per_row, rows, DOC)).text

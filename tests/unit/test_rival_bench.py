@@ -126,7 +126,7 @@ def test_rival_spans_pairs_the_rerun_with_the_rival_records_on_finished_episodes
     assert f"| `{rs.BM25}{rs.OLD}` | 2 | 0.00 [0.00, 0.00] |" in page
     assert f"| `{rs.BM25}` | 2 | 1.00 [1.00, 1.00] |" in page
     rows = [line for line in page.splitlines() if line.startswith("| `") and " vs " in line]
-    assert len(rows) == len(rs.FAMILY) == 6 and "over these six" in page
+    assert len(rows) == len(rs.FAMILY) == 5 and "Holm over these 5" in page
     assert f"| `{rs.BM25}` vs `{rs.BM25}{rs.OLD}` | 2 | 1.00 vs 0.00 | +100 pp" in page
     assert "† TTEOA ratio" in page  # the rival's times come from another run
     assert "Command: `python benchmarks/rival_spans.py`" in page

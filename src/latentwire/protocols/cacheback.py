@@ -473,8 +473,8 @@ class CacheBack(Protocol):
         # question (unless it is in the prompt: query_aware): part of the read, held with it across questions.
         prompt = self.sender_prompt(document, question)
         (per_row, eligible, groups), layout_s, _ = held_value(
-            ("index", "layout", sender.uid, sender.model_name, len(state), self.span_mode, self.span,
-             text_key(sender.chat_text(prompt))),
+            ("index", "layout", sender.uid, len(state), self.span_mode, self.span, text_key(prompt),
+             text_key(document)),  # the agent (uid) fixes its chat template: no render needed to key it
             lambda: self.layout(sender, document, len(state), prompt))
         t1 = time.perf_counter()
         t0 = t1 - r.seconds - background_s - layout_s  # charged the read it would pay alone, shared or not

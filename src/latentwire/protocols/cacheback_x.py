@@ -181,7 +181,7 @@ class CacheBackX(CacheBack):
             lat = rows[state.is_latent[rows]]  # (G,) every latent row is always kept
             latents = (sender.rows(state.select(lat)).embeds if len(lat) else  # (G, d_A), as CacheBack sends them
                        torch.zeros(0, sender.geometry.hidden_size, dtype=sender.dtype, device=sender.device))
-        return Spans.of(document, sent_spans(per_row, rows), index,
+        return Spans.of(document, sent_spans(per_row, rows, document), index,
                         (sender.geometry.model, sender.geometry.tokenizer), latents)
 
     def receive(self, receiver: Agent, question: str, parts: Sequence[Spans] | Sequence[KVState]) -> Rows | KVState:

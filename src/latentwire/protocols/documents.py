@@ -90,11 +90,13 @@ def kept_document_spans(per_row: list, rows: torch.Tensor) -> tuple[tuple[int, i
     return tuple(per_row[r] for r in rows.tolist() if r < len(per_row) and per_row[r] is not None)
 
 
-def sent_spans(per_row: list, rows: torch.Tensor) -> tuple[tuple[int, int], ...]:
-    """The document character spans that the selected `rows` cover (`per_row`: `document_rows`' spans), merged:
+def sent_spans(per_row: list, rows: torch.Tensor, document: str) -> tuple[tuple[int, int], ...]:
+    """The `document` character spans that the selected `rows` cover (`per_row`: `document_rows`' spans), merged:
     selected rows with no text-bearing row between them form one span (the characters between them, which no
     token's offsets cover, are whitespace the tokenizer trimmed from its offsets, e.g. a newline or an
-    indentation token: they are kept, never replaced by a separator), spans that overlap or touch are merged."""
+    indentation token: they are kept, never replaced by a separator), spans that overlap or touch are merged, and
+    so are spans with only whitespace between them (a blank line between two selected lines of code: its rows
+    belong to no sentence unit and are never selected, yet nothing was left out there)."""
     out: list[tuple[int, int]] = []
     prev = -2
     for r in sorted(set(rows.tolist())):
@@ -106,4 +108,10 @@ def sent_spans(per_row: list, rows: torch.Tensor) -> tuple[tuple[int, int], ...]
         else:
             out.append(tuple(span))
         prev = r
-    return merge_spans(out)
+    joined: list[tuple[int, int]] = []
+    for a, b in merge_spans(out):
+        if joined and not document[joined[-1][1]:a].strip():  # only whitespace left out between them
+            joined[-1] = (joined[-1][0], b)
+        else:
+            joined.append((a, b))
+    return tuple(joined)

@@ -133,7 +133,7 @@ class Retrieval(Protocol):
         keep = torch.zeros_like(u.eligible)
         rows = select_rows(scores, budget, keep, self.span, u.eligible, u.groups, self.unit_floor, u.ctx, self.fill)
         kept = kept_document_spans(u.per_row, rows)
-        text = Spans.of(document, sent_spans(u.per_row, rows)).text  # as cacheback_x sends spans: the same text
+        text = Spans.of(document, sent_spans(u.per_row, rows, document)).text  # as cacheback_x sends spans: the same text
         return Picked(text, kept, time.perf_counter() - t0 + read_s, budget, len(kept), read_s, held)
 
     def _index_key(self, sender: Agent, document: str) -> tuple:
