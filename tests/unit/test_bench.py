@@ -566,6 +566,8 @@ def test_resuming_after_a_default_changed_is_refused(tiny_task, tmp_path):
     assert protocols["alone"]["parameters"] == {"max_new_tokens": 48}
     assert "parameters_since" in protocols[label] and "parameters_since" not in protocols["alone"]
     assert "2 episodes (a sample of 2, seed 0, filters none)" in write_report(out).read_text()
+    run(RunConfig(str(tiny_task), "alone", "llama", n=5), tmp_path / "all", progress=False, agent=agent)
+    assert "3 episodes (every episode of the task, filters none)" in write_report(tmp_path / "all").read_text()
     record = json.loads(path.read_text())
     record["config"]["protocols"]["alone"]["parameters"]["gone"] = 1  # a parameter on one side only: not compared
     path.write_text(json.dumps(record))

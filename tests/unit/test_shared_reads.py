@@ -11,7 +11,7 @@ from latentwire.bench.runner import RunConfig, run
 from latentwire.models import tiny_model, tiny_tokenizer
 from latentwire.protocols import get_protocol
 from latentwire.errors import ConfigError, UnknownNameError
-from latentwire.protocols.reads import HeldReads, _entry_bytes, read, shared_reads
+from latentwire.protocols.reads import HeldReads, _entry_bytes, read, shared_reads, text_key
 
 DOC, Q = "The blue crate holds 58 bolts. The red crate holds 12 nails.", "How many bolts?"
 
@@ -398,3 +398,26 @@ def test_held_keys_name_documents_by_digest_not_by_a_copy(agent_for):
     parts = [p for k in held.memo for p in k if isinstance(p, str)]
     assert not any("Orion" in p for p in parts) and sum(p.startswith("sha256:") for p in parts) >= 6
     assert held.reads_computed == 2 and held.indexes_computed == 2  # one per document: the digests differ
+
+
+def test_cacheback_layouts_are_held_apart_where_they_differ(agent_for):
+    """One held layout per (agent, state length, span mode, span, prompt, document): settings that change which rows
+    hold the document or how they group get their own, settings that do not share one; each equals a cold one."""
+    agent = agent_for("llama")
+    docs, q = ["Ada led Orion in Lisbon. Bo led Vega in Oslo."], "Where did Ada lead Orion?"
+    held = HeldReads()
+    specs = [dict(latent_steps=1), dict(latent_steps=1, ratio=2), dict(latent_steps=1, selector="lexical"),  # shared
+             dict(latent_steps=0), dict(latent_steps=1, span_mode="fixed"), dict(latent_steps=1, query_aware=True)]
+    with shared_reads(held):
+        for spec in specs:
+            get_protocol("cacheback", **({"ratio": 4, "max_new_tokens": 1} | spec)).run([agent], docs, agent, q)
+    layouts = {k: v[0] for k, v in held.memo.items() if k[:2] == ("index", "layout")}
+    assert held.indexes_computed == len(layouts) == 4  # G = 1 sentences (3 specs), G = 0, fixed spans, query-aware
+    for key, (per_row, eligible, groups) in layouts.items():
+        n_rows, span_mode = key[3], key[4]
+        proto = get_protocol("cacheback", latent_steps=1, span_mode=span_mode)
+        aware = get_protocol("cacheback", latent_steps=1, query_aware=True)
+        prompt = next(p for p in (proto.sender_prompt(docs[0]), aware.sender_prompt(docs[0], q))
+                      if text_key(p) == key[6])
+        cold = proto.layout(agent, docs[0], n_rows, prompt)
+        assert cold[0] == per_row and torch.equal(cold[1], eligible) and cold[2] == groups

@@ -292,7 +292,7 @@ def _header_lines(config: dict, clustered: bool = False) -> list[str]:
     table."""
     cfg, env = config["config"], config["environment"]
     return [f"# Run report: task `{cfg['task']}`, model `{cfg['model']}`", "",
-            f"{len(config['episodes'])} episodes ({_sample_note(cfg)}, filters {cfg['filters'] or 'none'}); "
+            f"{len(config['episodes'])} episodes ({_sample_note(cfg, len(config['episodes']))}, filters {cfg['filters'] or 'none'}); "
             f"latentwire {env['latentwire']}{' @ ' + str(env['git'])[:10] if env.get('git') else ' (no git checkout)'}, "
             f"torch {env['torch']}, transformers "
             f"{env['transformers']}, {env['cpus']} CPUs, {env['torch_threads']} threads.", "",
@@ -303,10 +303,13 @@ def _header_lines(config: dict, clustered: bool = False) -> list[str]:
             "(senders in parallel).", ""]
 
 
-def _sample_note(cfg: dict) -> str:
-    """How the episodes were chosen: the seed only where it drew a sample (`n`); without one every episode of the
-    task ran and the seed chose nothing (a task file's own generation seed is not the run's)."""
-    return "every episode of the task" if cfg.get("n") is None else f"a sample of {cfg['n']}, seed {cfg['seed']}"
+def _sample_note(cfg: dict, listed: int) -> str:
+    """How the episodes were chosen: the seed only where it drew a sample (`n`, and `listed` episodes ran: fewer than
+    `n` means the task had no more, so every one ran); otherwise the seed chose nothing (a task file's own
+    generation seed is not the run's)."""
+    if cfg.get("n") is None or listed < cfg["n"]:
+        return "every episode of the task"
+    return f"a sample of {cfg['n']}, seed {cfg['seed']}"
 
 
 def _summary_lines(summary: dict[str, dict]) -> list[str]:
