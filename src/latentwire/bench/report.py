@@ -290,9 +290,9 @@ def write_report(run_dir: str | Path, pairs: list[tuple[str, str]] | None = None
 def _header_lines(config: dict, clustered: bool = False) -> list[str]:
     """The report's title, the run's provenance (episodes, seed, filters, versions, CPUs) and how to read the
     table."""
-    cfg, env = config["config"], config["environment"]
+    cfg, env, n = config["config"], config["environment"], len(config["episodes"])
     return [f"# Run report: task `{cfg['task']}`, model `{cfg['model']}`", "",
-            f"{len(config['episodes'])} episodes ({_sample_note(cfg, len(config['episodes']))}, filters {cfg['filters'] or 'none'}); "
+            f"{n} episodes ({_sample_note(cfg, n)}, filters {cfg['filters'] or 'none'}); "
             f"latentwire {env['latentwire']}{' @ ' + str(env['git'])[:10] if env.get('git') else ' (no git checkout)'}, "
             f"torch {env['torch']}, transformers "
             f"{env['transformers']}, {env['cpus']} CPUs, {env['torch_threads']} threads.", "",
