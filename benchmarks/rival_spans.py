@@ -119,7 +119,7 @@ def main() -> None:
         check_matches_rival(args.cell, config.resolved(agent))
         run(config, folder, agent=agent)
     write_report(folder, [p for p in FAMILY if OLD not in p[1]], complete=True)  # the README's table decides
-    cmd = " ".join(["python benchmarks/rival_spans.py"] + sys.argv[1:])
+    cmd = " ".join(["python benchmarks/rival_spans.py"] + [a for a in sys.argv[1:] if a != "--report-only"])  # the run
     print(write_readme(folder, args.cell, cmd).read_text())
 
 
