@@ -311,8 +311,11 @@ def write_index(out: Path, cells: list[str], n: int, seed: int) -> None:
         done = {e.id for e in eps if all((e.id, p) in have for p in config["config"]["protocols"])}
         runs = max((v[1] for v in acc.values()), default=0)
         summaries[f"{cell} ({runs})"] = (runs, comps, acc)
+        follow = (f" Rerun after retrieval's text became spans, with BM25 at twice the budget: "
+                  f"[{cell}_spans/README.md]({cell}_spans/README.md) (`benchmarks/rival_spans.py`)."
+                  if (out / f"{cell}_spans" / "README.md").exists() else "")
         details += ["", f"## {cell}", "", f"{len(done)} of {len(eps)} episodes run end to end; full report: "
-                    f"[{cell}/report.md]({cell}/report.md).", "", VERDICT_HEADER[0], VERDICT_HEADER[1]]
+                    f"[{cell}/report.md]({cell}/report.md).{follow}", "", VERDICT_HEADER[0], VERDICT_HEADER[1]]
         details += [verdict(c) for c in comps] + ["", holm_note(len(comps))] + mixed_note(comps)
         details += [""] + recall_table(folder, eps)
         ran, records = set(config["config"]["protocols"]), complete_episodes(records, config["config"]["protocols"])

@@ -38,6 +38,12 @@ def test_a_cell_runs_resumes_and_reports(tmp_path, monkeypatch, models, tokenize
     (tmp_path / "paraphrase" / "records.jsonl").touch()  # a run opens its records file before the first record
     rival.write_index(tmp_path, ["coref", "paraphrase"], 1, 3)
     page = (tmp_path / "README.md").read_text()
+    assert "coref_spans" not in page  # no rerun yet: no link
+    (tmp_path / "coref_spans").mkdir()
+    (tmp_path / "coref_spans" / "README.md").write_text("# rerun")
+    rival.write_index(tmp_path, ["coref", "paraphrase"], 1, 3)
+    page = (tmp_path / "README.md").read_text()
+    assert "[coref_spans/README.md](coref_spans/README.md)" in page and "paraphrase_spans" not in page
     assert "| contender | coref (1) | paraphrase (not run yet) |" in page
     assert "| CacheBack 8× − BM25 text | " in page and "| dense text | " in page
     assert "cacheback⊕dense" in page and "## coref" in page
