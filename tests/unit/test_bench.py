@@ -8,7 +8,8 @@ import pytest
 from latentwire.agent import Agent
 from latentwire.bench.episode import Episode, Span, load_episodes, span_token_positions, write_episodes
 from latentwire.bench.metrics import answer_scores, bootstrap_ci, evidence_recall, normalize
-from latentwire.bench.report import pareto_front, read_run, write_report
+from latentwire.bench.plots import pareto_front
+from latentwire.bench.report import read_run, write_report
 from latentwire.bench.runner import RunConfig, parse_protocols, run
 from latentwire.errors import ConfigError, LatentWireError, TaskFormatError
 from latentwire.models import tiny_model, tiny_tokenizer
