@@ -27,7 +27,7 @@ from pathlib import Path
 
 from latentwire.agent import Agent
 from latentwire.bench.episode import jsonl_lines
-from latentwire.bench.report import compare, read_run, summarize, verdict_table, write_report
+from latentwire.bench.report import complete_episodes, compare, read_run, summarize, verdict_table, write_report
 from latentwire.bench.runner import RunConfig, run
 
 RIVAL = Path(__file__).resolve().parents[1] / "docs" / "results" / "rival"
@@ -49,10 +49,14 @@ def rival_records(cell: str, labels: set[str]) -> list[dict]:
     return out
 
 
-def check_matches_rival(cell: str, resolved: dict) -> None:
-    """SystemExit unless `resolved` (RunConfig.resolved) runs on the rival cell's model, dtype and device, and every
-    protocol label it shares with the rival with the same parameters."""
-    rival = json.loads((RIVAL / cell / "config.json").read_text(encoding="utf-8"))["config"]
+def rival_config(cell: str) -> dict:
+    """The rival cell's run configuration (config.json's "config": model, dtype, device, protocols)."""
+    return json.loads((RIVAL / cell / "config.json").read_text(encoding="utf-8"))["config"]
+
+
+def check_matches_rival(rival: dict, resolved: dict) -> None:
+    """SystemExit unless `resolved` (RunConfig.resolved) runs on the rival cell's (`rival_config`) model, dtype and
+    device, and every protocol label it shares with the rival with the same parameters."""
     for key in ("model", "dtype", "device"):
         if rival.get(key) != resolved.get(key):
             raise SystemExit(f"{key}: the rival ran {rival.get(key)!r}, this run would use {resolved.get(key)!r}")
@@ -64,9 +68,8 @@ def check_matches_rival(cell: str, resolved: dict) -> None:
 
 def write_readme(folder: Path, cell: str, cmd: str) -> Path:
     config, records = read_run(folder)
-    done = {e for e in config["episodes"]
-            if all(any(r["episode"] == e and r["protocol"] == p for r in records) for p in PROTOCOLS)}
-    records = [r for r in records if r["episode"] in done]
+    records = complete_episodes(records, PROTOCOLS)  # episodes every rerun protocol finished
+    done = {r["episode"] for r in records}
     old = [r for r in rival_records(cell, {BM25, DENSE, CB8}) if r["episode"] in done]
     both = records + old
     labels = PROTOCOLS + [BM25 + OLD, DENSE + OLD, CB8 + OLD]
@@ -112,11 +115,11 @@ def main() -> None:
         task = RIVAL / args.cell / "episodes.jsonl"
         if not task.exists():
             sys.exit(f"{task} does not exist: run benchmarks/rival.py --cells {args.cell} first")
-        rival = json.loads((RIVAL / args.cell / "config.json").read_text(encoding="utf-8"))["config"]
+        rival = rival_config(args.cell)
         dtype = args.dtype or rival["dtype"]  # the rival's, so that the format is all that changed
         agent = Agent.from_pretrained(args.model, device=rival["device"], dtype=dtype)
         config = RunConfig(os.path.relpath(task), ",".join(PROTOCOLS), args.model, device=rival["device"], dtype=dtype)
-        check_matches_rival(args.cell, config.resolved(agent))
+        check_matches_rival(rival, config.resolved(agent))
         run(config, folder, agent=agent)
     write_report(folder, [p for p in FAMILY if OLD not in p[1]], complete=True)  # the README's table decides
     cmd = " ".join(["python benchmarks/rival_spans.py"] + [a for a in sys.argv[1:] if a != "--report-only"])  # the run
