@@ -6,7 +6,8 @@ Why. The rival study (benchmarks/rival.py) sent retrieval's sentences stripped a
 indentation, and its text differed from CacheBack's spans (`cacheback_x`) in form as well as in selection. Since
 then retrieval sends exactly what `cacheback_x` would send for the same rows (`Spans.of` over the rows' character
 spans: indentation kept, "\\n…\\n" between pieces), and sentence units leave whitespace-only runs out (on code that
-changes CacheBack's units in 27 of the cell's 100 episodes; on the prose cells in none). This reruns, on the cell's
+changed CacheBack's units in 27 of the cell's 100 episodes, on the prose cells in none: a one-off count before
+the change). This reruns, on the cell's
 committed episodes, CacheBack 8× and retrieval (BM25, dense) under the current code, plus BM25 at ratio 4:
 twice the budget, which still costs less time than CacheBack's read when no sender holds its document.
 
