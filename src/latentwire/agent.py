@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import itertools
 import logging
-import time
 from functools import cached_property
 from typing import Sequence, Union
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from .clock import now
 from .errors import (ConfigError, ContextOverflowError, StateFormatError, TokenizerMismatchError, UnknownNameError,
                      UnknownParameterError)
 from .replies import Answer, CallRecord, Stream, answer_text, turn_begun  # noqa: F401  (Answer...: the agent's API)
@@ -196,10 +196,8 @@ class Agent:
             raise ContextOverflowError(needed, self.context_window, parts)
 
     def _clock(self) -> float:
-        """Seconds, after the device has finished the work queued so far (CUDA runs asynchronously)."""
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
+        """Seconds, after this agent's device has finished the work queued so far (`clock.now`)."""
+        return now(self.device)
 
     def _record(self, op, t0, rows_in, tokens_out, context) -> None:
         self.calls.append(CallRecord(op, self._clock() - t0, rows_in, tokens_out, context))
@@ -477,7 +475,7 @@ class Agent:
         for i in range(max_new_tokens):
             tok = int(self.logits(hidden).argmax())  # int(): the device has finished this step
             if marks is not None:
-                marks.append(time.perf_counter())
+                marks.append(now())  # int() above waited for the device
             if tok in self.stop_ids:
                 return out, False
             if turn and turn_begun(self.tokenizer, out + [tok], turn):

@@ -32,13 +32,13 @@ import asyncio
 import contextlib
 import hashlib
 import threading
-import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping, TypedDict
 
 from ..agent import Agent
 from ..bench.runner import parse_protocols
+from ..clock import now
 from ..errors import ConfigError, UnknownNameError
 from ..protocols import Protocol, get_protocol
 from ..protocols.reads import HeldReads, shared_reads
@@ -132,9 +132,15 @@ class FaninNode:
         with self._lock, _holding(shared):
             return self._step(state)
 
+    @property
+    def _devices(self) -> set:
+        """The in-process agents' devices, whose queued work the step's wall clock waits for (none through a
+        transport: its nodes' replies have arrived when it returns)."""
+        return {a.device for a in self.agents.values()}
+
     def _step(self, state: Mapping[str, Any]) -> dict:
         question, senders, documents, receiver = self._inputs(state)
-        t0 = time.perf_counter()
+        t0 = now(*self._devices)
         computed = served = indexes = held_indexes = None
         if self.transport is None:
             before = (self.held.reads_computed, self.held.served_held, self.held.indexes_computed,
@@ -145,7 +151,7 @@ class FaninNode:
             indexes, held_indexes = self.held.indexes_computed - before[2], self.held.indexes_served_held - before[3]
         else:
             out = run_protocol(self.transport, self.protocol, senders, documents, receiver, question)
-        wall = time.perf_counter() - t0
+        wall = now(*self._devices) - t0
         handles = {s: self._hold(s, d) for s, d in zip(senders, documents)}
         meta = {"protocol": out.protocol, "message_bytes": out.message_bytes, "receiver_context": out.receiver_context,
                 "tteoa": out.tteoa, "tteoa_question": out.question_tteoa, "sender_seconds": list(out.sender_seconds),

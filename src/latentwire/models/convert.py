@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
-import time
 from pathlib import Path
 import torch
 
+from ..clock import now
 from ..errors import ModelConversionError
 
 MARKER = "latentwire-cache.json"
@@ -113,7 +113,7 @@ def write_cache(entry) -> Path:
     """Dequantise and write the entry's cache folder (a temporary folder renamed into place: never half-written)."""
     from safetensors.torch import save_file
 
-    t0 = time.perf_counter()
+    t0 = now()
     model, tokenizer = dequantise(entry)
     entry.cache_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.cache_dir.parent))
@@ -131,7 +131,7 @@ def write_cache(entry) -> Path:
         tokenizer.save_pretrained(tmp)
         (tmp / MARKER).write_text(json.dumps({"name": entry.name, "version": cache_version(entry.arch), "pip": entry.pip,
                                                 "gguf_sha256": entry.gguf_sha256,
-                                                "seconds": round(time.perf_counter() - t0, 1)}))
+                                                "seconds": round(now() - t0, 1)}))
         shutil.rmtree(entry.cache_dir, ignore_errors=True)
         tmp.rename(entry.cache_dir)  # atomic: a half-written cache is never visible
     finally:

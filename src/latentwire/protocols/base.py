@@ -5,12 +5,12 @@ One file per protocol; each is a dataclass whose fields are its hyper-parameters
 """
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import ClassVar, Sequence
 
 from ..agent import Agent
+from ..clock import now
 from ..errors import ConfigError, ContextOverflowError
 from ..registry import Registry
 
@@ -102,10 +102,11 @@ def after_first(reply) -> float:
     return reply.decode_seconds - reply.token_seconds[0] if reply.token_seconds else 0.0
 
 
-def timed(fn, *args, **kw):
-    t0 = time.perf_counter()
+def timed(device, fn, *args, **kw):
+    """(fn(*args, **kw), its seconds), the work it queued on `device` included (`clock.now`)."""
+    t0 = now(device)
     out = fn(*args, **kw)
-    return out, time.perf_counter() - t0
+    return out, now(device) - t0
 
 
 PROTOCOLS = Registry("protocol")

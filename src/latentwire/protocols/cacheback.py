@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 
-import time
 import weakref
 from dataclasses import dataclass, field, replace
 from typing import Sequence
@@ -18,6 +17,7 @@ import torch
 
 from ..agent import KV_PROMPT, LATENT_MODES, MESSAGE_PROMPT, Agent
 from ..blend import check_blend, recompute_count
+from ..clock import now
 from ..errors import ConfigError, ContextOverflowError, UnknownNameError
 from ..registry import construct
 from ..message import Rows
@@ -399,9 +399,9 @@ class CacheBack(Protocol):
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
         self.check_window(senders, documents, receiver, question)
         parts, seconds, kept, timing = self.send(senders, documents, question)
-        t0 = time.perf_counter()
+        t0 = now(receiver.device)
         message = self.receive(receiver, question, parts)
-        place_s = time.perf_counter() - t0 if self.encoding in KV_ENCODINGS else 0.0  # re-rotating K/V is real work
+        place_s = now(receiver.device) - t0 if self.encoding in KV_ENCODINGS else 0.0  # re-rotating K/V is real work
         if self.encoding in KV_ENCODINGS:
             nbytes = sum(len(p.to_bytes()) for p in parts)  # each sender ships its selected rows' state
             details = {"message_rows": len(message), "kv_bytes": nbytes, "place_s": place_s}
@@ -466,23 +466,23 @@ class CacheBack(Protocol):
         r = self.sender_read(sender, document, question)
         state, background_s = r.state, 0.0
         if self.calibration == "generic":  # query-blind: part of the read (~0 s once this state has it)
-            tb = time.perf_counter()
+            tb = now(sender.device)
             self.background(sender, state)
-            background_s = time.perf_counter() - tb
+            background_s = now(sender.device) - tb
         # Where the document sits in the state's rows and its sentence units depend on the prompt, not on the
         # question (unless it is in the prompt: query_aware): part of the read, held with it across questions.
         prompt = self.sender_prompt(document, question)
         (per_row, eligible, groups), layout_s, _ = held_value(
             ("index", "layout", sender.uid, len(state), self.span_mode, self.span, text_key(prompt),
              text_key(document)),  # the agent (uid) fixes its chat template: no render needed to key it
-            lambda: self.layout(sender, document, len(state), prompt))
-        t1 = time.perf_counter()
+            lambda: self.layout(sender, document, len(state), prompt), sender.device)
+        t1 = now(sender.device)
         t0 = t1 - r.seconds - background_s - layout_s  # charged the read it would pay alone, shared or not
         rows = self.choose(sender, state, question, eligible, groups, per_row, document)
         part = self.pack(sender, state, rows, per_row, document, index)
         # Press baselines re-run the prefill to record scores a deployed sender records while reading:
         # that re-run is not charged, the scoring inside it is.
-        t2 = time.perf_counter() - rerun_seconds(self.selector_for(per_row))
+        t2 = now(sender.device) - rerun_seconds(self.selector_for(per_row))
         doc_rows = sum(1 for x in rows.tolist() if x < len(per_row) and per_row[x] is not None)
         timing = {"read_s": r.seconds + background_s + layout_s, "background_s": background_s, "layout_s": layout_s,
                   "select_s": t2 - t1,

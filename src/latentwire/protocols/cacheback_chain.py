@@ -9,13 +9,13 @@ origin (which document, which characters), so evidence recall is measured on the
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from ..agent import SLOT, Agent
+from ..clock import now
 from ..errors import ConfigError, UnknownNameError
 from ..message import Rows
 from ..select import (TextSelector, always_kept, fanin_budget, fixed_chain_budget, relative_chain_budget,
@@ -58,10 +58,10 @@ class CacheBackChain(CacheBack):
     def hop(self, sender: Agent, document: str, index: int, question: str, message: Rows | None,
             origins: list[Origin]) -> tuple[Rows, list[Origin], dict]:
         """One hop: read (message +) document, select, encode. Returns the rows to send and their origins."""
-        t0 = time.perf_counter()
+        t0 = now(sender.device)
         if message is None:  # the first hop reads as a fan-in sender does (shared inside `shared_reads()`)
             r = self.sender_read(sender, document)
-            state, t0 = r.state, time.perf_counter() - r.seconds
+            state, t0 = r.state, now(sender.device) - r.seconds
             per_row, eligible = document_rows(sender, document, len(state))
             row_origin = [(index, s) if s else None for s in per_row]
             budget, keep = fanin_budget(len(state), self.ratio), always_kept(state)
@@ -73,11 +73,11 @@ class CacheBackChain(CacheBack):
             t_old, t_new = len(message), len(state) - len(message) - self.latent_steps
             budget = (relative_chain_budget(t_old, t_new, self.ratio) if self.budget == "relative"
                       else fixed_chain_budget(t_old, t_new, self.max_rows))
-        t1 = time.perf_counter()
+        t1 = now(sender.device)
         scores = self.scores(sender, state, question)  # calibrated and probed as a fan-in sender's
         rows = select_rows(scores, budget, keep, self.span, eligible)
         out = sender.rows(state.select(rows))
-        t2 = time.perf_counter() - rerun_seconds(self._selector)
+        t2 = now(sender.device) - rerun_seconds(self._selector)
         info = {"read_s": t1 - t0, "select_s": t2 - t1, "rows": len(state), "budget": budget, "sent": len(rows),
                 "shared_read": message is None and r.shared}
         return out, [row_origin[r] if r < len(row_origin) else None for r in rows.tolist()], info
@@ -85,10 +85,10 @@ class CacheBackChain(CacheBack):
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
         message, origins, seconds, hops = None, [], [], []
         for i, (sender, doc) in enumerate(self._pair(senders, documents)):
-            t0 = time.perf_counter()
+            t0 = now(sender.device)
             message, origins, info = self.hop(sender, doc, i, question, message, origins)
             # a shared first read is charged its measured time, not the lookup's
-            seconds.append(time.perf_counter() - t0 + (info["read_s"] if info["shared_read"] else 0.0))
+            seconds.append(now(sender.device) - t0 + (info["read_s"] if info["shared_read"] else 0.0))
             hops.append(info)
         nbytes = message.nbytes if self.encoding == "rows" else message.token_id_nbytes
         reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)

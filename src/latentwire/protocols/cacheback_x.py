@@ -46,7 +46,6 @@ for CacheBack.
 from __future__ import annotations
 
 import copy
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -54,8 +53,9 @@ from typing import Sequence
 import torch
 
 from ..agent import MESSAGE_PROMPT, Agent
+from ..clock import now
 from ..errors import ConfigError, ContextOverflowError, UnknownNameError
-from ..message import SEPARATOR, Rows, Spans, merge_spans
+from ..message import SEPARATOR, Rows, Spans
 from ..select import fanin_budget
 from ..state import KVState
 from ..translate import load as load_translator
@@ -227,9 +227,9 @@ class CacheBackX(CacheBack):
         if self.delivery == "translated":  # and the largest translated message fits the receiver's
             self.check_translated_window([s.model_name for s in senders], prompts, receiver, question)
         messages, seconds, kept, timing = self.send(senders, documents, question)
-        t0 = time.perf_counter()
+        t0 = now(receiver.device)
         message = self.receive(receiver, question, messages)
-        build_s = time.perf_counter() - t0
+        build_s = now(receiver.device) - t0
         reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
         details = {"senders": timing, "delivery": self.delivery, "message_rows": len(message),
                    "receiver_build_s": build_s}

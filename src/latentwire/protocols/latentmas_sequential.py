@@ -12,11 +12,11 @@ inside `shared_reads()` it is shared with full KV of the same G and regime.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Sequence
 
 from ..agent import Agent
+from ..clock import now
 from .base import Outcome, register
 from .fullkv import FullKV
 
@@ -34,10 +34,10 @@ class LatentMASSequential(FullKV):
         state, seconds, nbytes, hops = first.state, first.seconds, 0, [len(first.state)]
         for sender, doc in pairs[1:]:
             nbytes += len(state.to_bytes())  # the growing cache travels to the next agent
-            t0 = time.perf_counter()
+            t0 = now(sender.device)
             turn = self.sender_prompt(doc, question)  # the same read as a full-KV sender's, regime included
             state = sender.think(sender.extend(state, turn), self.latent_steps, self.latent_mode)
-            seconds += time.perf_counter() - t0
+            seconds += now(sender.device) - t0
             hops.append(len(state))
         nbytes += len(state.to_bytes())  # the last agent's state travels to the receiver
         reply = receiver.answer(question, message=state, max_new_tokens=self.max_new_tokens)

@@ -11,11 +11,11 @@ set absorbing it). `query_aware` is the regime: thinkers see the question before
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Sequence
 
 from ..agent import Agent
+from ..clock import now
 from ..errors import ConfigError, UnknownNameError
 from ..merge import RENDERS, Fragment, FragmentSet, get_render
 from ..state import KVState
@@ -57,13 +57,13 @@ class Merge(FullKV):
         fragments, seconds, shared = [], [], 0
         for sender, doc in self._pair(senders, documents):
             r = self.sender_read(sender, doc, question)
-            t0 = time.perf_counter()
+            t0 = now(sender.device)
             fragments.append(Fragment.of(r.state))
-            seconds.append(r.seconds + time.perf_counter() - t0)  # read (measured) + content addressing
+            seconds.append(r.seconds + now(sender.device) - t0)  # read (measured) + content addressing
             shared += r.shared
-        t0 = time.perf_counter()
+        t0 = now(receiver.device)
         state, slots, merged = self.combine(fragments)
-        render_s = time.perf_counter() - t0
+        render_s = now(receiver.device) - t0
         reply = receiver.answer(question, message=state, max_new_tokens=self.max_new_tokens)
         nbytes = sum(len(fragments[i].state.to_bytes()) for i in slots)  # every block sent, repeats included
         return Outcome(self.name, reply.text, nbytes, reply.context,

@@ -12,13 +12,13 @@ The first agent's stop tokens end the answer.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from ..agent import Agent
+from ..clock import now
 from ..replies import answer_text, turn_begun
 from ..errors import ConfigError, GeometryMismatchError, UnknownNameError
 from .base import Outcome, Protocol, register
@@ -61,18 +61,18 @@ class PackLLM(Protocol):
             if agent.tokenizer.get_vocab() != vocab:
                 raise GeometryMismatchError(f"packllm fuses next-token distributions: {agent.model_name} and "
                                             f"{pairs[0][0].model_name} do not share a tokenizer")
-        t0 = time.perf_counter()
+        t0 = now()  # wall clock over the whole protocol
         streams, nll, seconds = [], [], []
         for agent, doc in pairs:
-            t = time.perf_counter()
+            t = now(agent.device)
             prompt = PACK_PROMPT.format(document=doc, question=question)
             streams.append(agent.stream(prompt, self.max_new_tokens))
             nll.append(streams[-1].prompt_nll if self.scope == "prompt"
                        else _question_nll(agent, streams[-1], prompt, question))
-            seconds.append(time.perf_counter() - t)
+            seconds.append(now(agent.device) - t)
         w = self.weights(nll)
-        t1 = time.perf_counter()
         first = pairs[0][0]
+        t1 = now(first.device)
         stop, turn, out, device = first.stop_ids, first.turn_marker, [], streams[0].logprobs.device
         by_token = False
         for i in range(self.max_new_tokens):
@@ -84,12 +84,12 @@ class PackLLM(Protocol):
             if i + 1 < self.max_new_tokens:
                 for s in streams:
                     s.push(tok)
-        decode = time.perf_counter() - t1
+        decode = now(*(a.device for a, _ in pairs)) - t1
         text = answer_text(first.tokenizer, out, None if by_token else turn)
         context = max(s.position for s in streams)
         # Every agent reads in parallel, then all decode in lockstep: the slowest read, then the decode.
         return Outcome(self.name, text, 0, context, tuple(seconds), decode,
-                       {"weights": [round(float(x), 6) for x in w], "tokens": len(out), "wall_s": time.perf_counter() - t0})
+                       {"weights": [round(float(x), 6) for x in w], "tokens": len(out), "wall_s": now() - t0})
 
 
 def _question_nll(agent: Agent, stream, prompt: str, question: str) -> torch.Tensor:

@@ -23,7 +23,6 @@ how much of that an incremental prefill could have overlapped).
 """
 from __future__ import annotations
 
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import ClassVar
 import torch
 
 from ..agent import Agent
+from ..clock import now
 from ..registry import Registry
 from ..translate import load
 from ..translate.base import WEIGHTS, Translator, read_header
@@ -90,8 +90,8 @@ class Alone(PairProtocol):
     name = "alone"
 
     def run(self, sharer, receiver, sharer_doc, receiver_doc, question) -> Outcome:
-        state, prefill_s = timed(receiver.prefill, own_prompt(receiver_doc, question))
-        reply, answer_s = timed(self._answer, receiver, state, question)
+        state, prefill_s = timed(receiver.device, receiver.prefill, own_prompt(receiver_doc, question))
+        reply, answer_s = timed(receiver.device, self._answer, receiver, state, question)
         return Outcome(self.name, reply.text, 0, reply.context, (), prefill_s + answer_s,
                        {"receiver_prefill_s": prefill_s, "answer_s": answer_s}, after_first=after_first(reply))
 
@@ -110,10 +110,10 @@ class T2T(PairProtocol):
             raise ConfigError(f"max_note_tokens must be ≥ 1, got {self.max_note_tokens}")
 
     def run(self, sharer, receiver, sharer_doc, receiver_doc, question) -> Outcome:
-        notes, sharer_s = timed(sharer.answer, REPORT_PROMPTS["notes"].format(document=sharer_doc, question=question),
+        notes, sharer_s = timed(sharer.device, sharer.answer, REPORT_PROMPTS["notes"].format(document=sharer_doc, question=question),
                                 max_new_tokens=self.max_note_tokens)
-        state, prefill_s = timed(receiver.prefill, own_prompt(receiver_doc + NOTES_HEADER + notes.text, question))
-        reply, answer_s = timed(self._answer, receiver, state, question)
+        state, prefill_s = timed(receiver.device, receiver.prefill, own_prompt(receiver_doc + NOTES_HEADER + notes.text, question))
+        reply, answer_s = timed(receiver.device, self._answer, receiver, state, question)
         return Outcome(self.name, reply.text, len(notes.text.encode()), reply.context, (sharer_s,),
                        prefill_s + answer_s, {"notes": notes.text, "note_tokens": len(notes.token_ids),
                                               "receiver_prefill_s": prefill_s, "answer_s": answer_s},
@@ -127,8 +127,8 @@ class FullContext(PairProtocol):
     name = "fullcontext"
 
     def run(self, sharer, receiver, sharer_doc, receiver_doc, question) -> Outcome:
-        state, prefill_s = timed(receiver.prefill, both_prompt(sharer_doc, receiver_doc, question))
-        reply, answer_s = timed(self._answer, receiver, state, question)
+        state, prefill_s = timed(receiver.device, receiver.prefill, both_prompt(sharer_doc, receiver_doc, question))
+        reply, answer_s = timed(receiver.device, self._answer, receiver, state, question)
         return Outcome(self.name, reply.text, len(sharer_doc.encode()), reply.context, (), prefill_s + answer_s,
                        {"receiver_prefill_s": prefill_s, "answer_s": answer_s}, after_first=after_first(reply))
 
@@ -184,13 +184,13 @@ class Translated(PairProtocol):
         own_s, own_r = own_prompt(sharer_doc, question), own_prompt(receiver_doc, question)
         both = both_prompt(sharer_doc, receiver_doc, question)
         kw, extra = {}, {}
-        t0 = time.perf_counter()  # the sharer's side of the parallel phase
+        t0 = now(sharer.device)  # the sharer's side of the parallel phase
         if "sharer" in fields:
             kw["sharer"] = sharer.prefill(own_s)
         if "sharer_both" in fields:
             kw["sharer_both"] = sharer.prefill(both)
-        sharer_s = time.perf_counter() - t0
-        t0 = time.perf_counter()  # the receiver's side, independent of the sharer
+        sharer_s = now(sharer.device) - t0
+        t0 = now(receiver.device)  # the receiver's side, independent of the sharer
         if "receiver" in fields:
             kw["receiver"] = receiver.prefill(own_r)
         if "receiver_both" in fields:
@@ -198,15 +198,15 @@ class Translated(PairProtocol):
         if "align" in fields:
             from ..translate.token_alignment import align
 
-            t1 = time.perf_counter()
+            t1 = now(receiver.device, sharer.device)
             al = align(receiver, sharer, both)
             kw["align"], kw["mask"] = al.index, al.mask
-            extra["align_ms"] = 1e3 * (time.perf_counter() - t1)
-        receiver_s = time.perf_counter() - t0
+            extra["align_ms"] = 1e3 * (now(receiver.device, sharer.device) - t1)
+        receiver_s = now(receiver.device, sharer.device) - t0
         sent = kw.get("sharer", kw.get("sharer_both"))
         with torch.inference_mode():
-            state, translate_s = timed(compose, translator, PairStates(**kw), self.context_aware)
-        reply, answer_s = timed(self._answer, receiver, state, question)
+            state, translate_s = timed(receiver.device, compose, translator, PairStates(**kw), self.context_aware)
+        reply, answer_s = timed(receiver.device, self._answer, receiver, state, question)
         details = {"method": translator.name, "parameters": translator.num_parameters,
                    "context_aware": self.context_aware, "translator_ms": 1e3 * translate_s,
                    "sharer_prefill_s": sharer_s, "receiver_prefill_s": receiver_s, "answer_s": answer_s,

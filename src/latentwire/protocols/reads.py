@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import hashlib
 import sys
-import time
 import types
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -41,6 +40,7 @@ import numpy as np
 import torch
 
 from ..agent import Agent, Answer
+from ..clock import now
 from ..errors import ConfigError, HeldMemoryError
 from ..state import KVState
 
@@ -203,9 +203,9 @@ def read(sender: Agent, prompt: str, latent_steps: int, latent_mode: str, full_h
     full = full_history and "sliding" in sender.geometry.layer_types  # elsewhere every layer keeps every row
     memo = _MEMO.get()
     if memo is None:
-        t0 = time.perf_counter()
+        t0 = now(sender.device)
         state = sender.think(sender.prefill(prompt, full_history=full), latent_steps, latent_mode, full)
-        return Read(state, time.perf_counter() - t0, False)
+        return Read(state, now(sender.device) - t0, False)
     held = _HELD.get()
     who = (sender.uid, sender.model_name, str(sender.dtype), str(sender.device), text_key(prompt)) + (
         ("full",) if full else ())
@@ -225,33 +225,33 @@ def read(sender: Agent, prompt: str, latent_steps: int, latent_mode: str, full_h
         if held is not None:
             prefill_s = held._charge(who, prefill_s)[0]
     else:
-        t0 = time.perf_counter()
+        t0 = now(sender.device)
         prefilled = sender.prefill(prompt, full_history=full)
-        prefill_s = time.perf_counter() - t0
+        prefill_s = now(sender.device) - t0
         put(who, (prefilled, prefill_s))
         if not latent_steps:
             return Read(prefilled, prefill_s, False)
-    t0 = time.perf_counter()
+    t0 = now(sender.device)
     state = sender.think(prefilled, latent_steps, latent_mode, full)
-    seconds = prefill_s + time.perf_counter() - t0
+    seconds = prefill_s + now(sender.device) - t0
     put(key, (state, seconds))
     return Read(state, seconds, False)
 
 
-def held_value(key: tuple, compute: Callable[[], Any]) -> tuple[Any, float, bool]:
+def held_value(key: tuple, compute: Callable[[], Any], device: torch.device | None = None) -> tuple[Any, float, bool]:
     """A query-blind value other than a KV read (a retriever's index of its document, `retrieval(read="held")`),
     computed once per `shared_reads()` block and, with `HeldReads`, kept across blocks as reads are: (value, seconds
     charged, held?). Charged its measured seconds, or 0 s when an earlier block (before this question) computed it.
     `key` starts with "index" (`HeldReads.indexes_computed` counts them apart from reads); outside `shared_reads()`
-    nothing is kept."""
+    nothing is kept. `device`: where `compute` queues work, waited for by its clock (`clock.now`)."""
     if not (isinstance(key, tuple) and key and key[0] == "index"):
         raise ValueError(f"held_value keys start with 'index', got {key!r}")
     memo, held = _MEMO.get(), _HELD.get()
     if memo is not None and key in memo:
         return _serve(memo, held, key)
-    t0 = time.perf_counter()
+    t0 = now(device)
     value = compute()
-    seconds = time.perf_counter() - t0
+    seconds = now(device) - t0
     if memo is not None:
         _store(memo, held)(key, (value, seconds))
     return value, seconds, False

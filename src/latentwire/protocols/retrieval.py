@@ -18,13 +18,13 @@ selecting; inside `shared_reads(HeldReads)` the index is kept across questions, 
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Sequence
 
 import torch
 
 from ..agent import Agent
+from ..clock import now
 from ..errors import ConfigError, UnknownNameError
 from ..message import Spans
 from ..placement import HOST
@@ -120,8 +120,8 @@ class Retrieval(Protocol):
         read_s, held = 0.0, False
         if self.read == "held":  # before the question: the clock below starts after it
             u, read_s, held = held_value(self._index_key(sender, document),
-                                         lambda: self.units(sender, document, index=True))
-        t0 = time.perf_counter()
+                                         lambda: self.units(sender, document, index=True), sender.device)
+        t0 = now(sender.device)
         if self.read == "held":
             unit_scores = (self._selector.score_index(u.built, question) if u.units
                            else torch.zeros(0, dtype=torch.float64, device=HOST))  # (U,)
@@ -134,7 +134,7 @@ class Retrieval(Protocol):
         rows = select_rows(scores, budget, keep, self.span, u.eligible, u.groups, self.unit_floor, u.ctx, self.fill)
         kept = kept_document_spans(u.per_row, rows)
         text = Spans.of(document, sent_spans(u.per_row, rows, document)).text  # as cacheback_x sends spans: the same text
-        return Picked(text, kept, time.perf_counter() - t0 + read_s, budget, len(kept), read_s, held)
+        return Picked(text, kept, now(sender.device) - t0 + read_s, budget, len(kept), read_s, held)
 
     def _index_key(self, sender: Agent, document: str) -> tuple:
         """What a held index depends on: the sender and its templated prompt (so a changed chat template is a new

@@ -16,11 +16,11 @@ question-time TTEOA; over held reads (`HeldReads`) a follow-up question pays no 
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from typing import Sequence
 
 from ..agent import Agent
+from ..clock import now
 from ..errors import ConfigError, UnknownNameError
 from ..select import fanin_budget
 from .base import after_first, SENDER_PROMPT, Outcome, Protocol, register
@@ -85,9 +85,9 @@ class Text(Protocol):
         self.check_window(senders, documents, question)
         reports, seconds, budgets, used, shared, reads = [], [], [], [], [], []
         for sender, doc in self._pair(senders, documents):
-            t0 = time.perf_counter()
+            t0 = now(sender.device)
             budgets.append(self.report_budget(sender, doc))
-            budget_s = time.perf_counter() - t0
+            budget_s = now(sender.device) - t0
             if self.read == "held":
                 (rep, was_shared), r = report_after(sender, SENDER_PROMPT.format(document=doc),
                                                     REPORT_TURNS[self.report].format(question=question), budgets[-1])

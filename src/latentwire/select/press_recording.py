@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
@@ -12,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..agent import Agent
+from ..clock import now
 from ..errors import MissingExtraError, PressUnsupportedError
 from ..rope import decoder_of
 from ..state import KVState
@@ -107,7 +107,7 @@ def _recording_press_class() -> type:
             i = int(module.layer_idx)
             if self.layers is not None and i not in self.layers:
                 return keys, values
-            t0 = time.perf_counter()
+            t0 = now(keys.device)
             chunked = isinstance(self.press, kv.ChunkKVPress)
             inner = self.press.press if chunked else self.press
             s = inner.score(module, hidden_states, keys, values, attentions, kwargs)
@@ -117,7 +117,7 @@ def _recording_press_class() -> type:
             if chunked:
                 s = chunk_row_scores(s, self.press.chunk_length)
             self.scores[i] = s[0].detach().double()
-            self.seconds += time.perf_counter() - t0
+            self.seconds += now(keys.device) - t0
             return keys, values
 
     return RecordingPress
@@ -191,10 +191,10 @@ def record_prefill_layer_scores(agent: Agent, state: KVState, press: "BasePress"
     ids = state.token_ids[~state.is_latent].to(agent.device)  # kvpress runs on the model: ids go there
     rec = recording_press(press, _global_layers(state))
     model = agent.model
-    t0 = time.perf_counter()
+    t0 = now(agent.device)
     with _quiet_kvpress(), _model_restored(model, attn_implementation), _on_model_device(agent), rec(model):
         agent._forward(agent.new_cache(), 0, ids=ids)
-    return rec.scores, time.perf_counter() - t0, rec.seconds
+    return rec.scores, now(agent.device) - t0, rec.seconds
 
 
 @torch.inference_mode()
@@ -259,7 +259,7 @@ def kvzip_layer_scores(agent: Agent, state: KVState, chunk_size: int = 2048,
     ids = state.token_ids[rows].to(agent.device)  # everything handed to kvpress lives on the model's device
     model = agent.model
     prefix, suffix = _kvzip_template(agent.tokenizer)
-    t0 = time.perf_counter()
+    t0 = now(agent.device)
     with _quiet_kvpress(), _model_restored(model, None), _on_model_device(agent):
         press = _kv().KVzipPress(compression_ratio=0.0, chunk_size=chunk_size, kvzip_plus_normalization=plus)
         # As KVzipPress.__call__ after the context prefill: the template prefix is not re-read (it is
@@ -273,7 +273,7 @@ def kvzip_layer_scores(agent: Agent, state: KVState, chunk_size: int = 2048,
             per_layer = {i: press.score_val[i, 0].double() for i in range(agent.geometry.num_layers)}
         finally:
             press._reset_internal_parameters()
-    return per_layer, time.perf_counter() - t0
+    return per_layer, now(agent.device) - t0
 
 
 @torch.inference_mode()

@@ -18,7 +18,6 @@ import dataclasses
 import json
 import math
 import random
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +27,7 @@ import torch
 
 from ..agent import Agent
 from ..bench.tasks.pairs import PAIR_TASKS, Pair, check_disjoint, pairs
+from ..clock import now
 from ..errors import ConfigError, UnknownNameError
 from ..registry import construct
 from ..translate import TRANSLATORS, build, load
@@ -181,7 +181,7 @@ def train(cfg: TrainConfig, out: str | Path, sharer: Agent | None = None, receiv
     def states_of(pair: Pair, stage: int = 2):  # stage I reads the reconstruction target instead
         return pair_states(pair, sharer, receiver, cfg.method, cache, cfg.context_aware, stage1=stage == 1)
 
-    t0 = time.perf_counter()
+    t0 = now(receiver.device)
     if not log["val"]:  # step 0: the untrained translator (the receiver alone, for the residual ones)
         log["val"].append([0, validation_loss(translator, val_pairs, states_of, receiver, cfg.context_aware)])
     bar = tqdm(range(log["step"], cfg.steps), initial=log["step"], total=cfg.steps, disable=not progress,
@@ -205,8 +205,8 @@ def train(cfg: TrainConfig, out: str | Path, sharer: Agent | None = None, receiv
             val = validation_loss(translator, val_pairs, states_of, receiver, cfg.context_aware)
             log["val"].append([step + 1, val])
             log["step"] = step + 1
-            log["seconds"] = log.get("seconds", 0.0) + time.perf_counter() - t0
-            t0 = time.perf_counter()
+            log["seconds"] = log.get("seconds", 0.0) + now(receiver.device) - t0
+            t0 = now(receiver.device)
             _save(out, translator, opt, cfg, log)
     return out
 

@@ -14,11 +14,11 @@ speed reaches both alike; the median is over `calls` rounds. On CUDA each call i
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass, field
 
 import torch
 
+from ..clock import now
 from ..errors import ConfigError
 from .base import Translator
 from .compose import PairStates, compose
@@ -39,10 +39,8 @@ class ForwardTiming:
                 "calls": self.calls, "times_ms": self.times_ms}
 
 
-def _sync(translator: Translator) -> None:
-    device = next(translator.parameters()).device
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def _device(translator: Translator) -> torch.device:
+    return next(translator.parameters()).device
 
 
 def time_forwards(translators: dict[str, Translator], states: PairStates, calls: int = MIN_CALLS,
@@ -55,12 +53,11 @@ def time_forwards(translators: dict[str, Translator], states: PairStates, calls:
     with torch.inference_mode():
         for round_ in range(warmup + calls):
             for name, t in translators.items():
-                _sync(t)
-                t0 = time.perf_counter()
+                t0 = now(_device(t))
                 compose(t, states)
-                _sync(t)
+                t1 = now(_device(t))
                 if round_ >= warmup:
-                    times[name].append(1e3 * (time.perf_counter() - t0))
+                    times[name].append(1e3 * (t1 - t0))
     return {name: ForwardTiming(t.name, t.num_parameters, statistics.median(times[name]), calls, times[name])
             for name, t in translators.items()}
 

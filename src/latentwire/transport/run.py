@@ -20,6 +20,7 @@ import time
 from dataclasses import fields
 from typing import Callable, Sequence
 
+from ..clock import now
 from ..errors import ConfigError
 from ..protocols.base import Outcome, Protocol
 from .base import NodeLostError, Transport, key_id
@@ -58,7 +59,7 @@ def cacheback_send(node, spec, document: str, question: str, index: int = 0):
 
     p, agent = node.protocol(*spec), node.agent
     sent = p.send_one(agent, document, question, index)
-    t1 = time.perf_counter()
+    t1 = now(agent.device)
     m = sent.part
     if isinstance(m, Spans):  # text (+ latent rows) for a receiver of any model: the message names no rows
         packed, kept = node.pack(m, protocol=p.name), m.spans
@@ -74,7 +75,7 @@ def cacheback_send(node, spec, document: str, question: str, index: int = 0):
                                  selection=Selection(p.selector, budget, p.ratio),
                                  encoding="token_ids" if p.encoding == "token_ids" else None), sent.kept
     info = {"seconds": sent.seconds, "timing": sent.timing, "kept": kept, "positions": sent.positions,
-            "pack_s": time.perf_counter() - t1, "wire_bytes": _wire_len(packed)}
+            "pack_s": now(agent.device) - t1, "wire_bytes": _wire_len(packed)}
     return packed, info
 
 
@@ -91,11 +92,11 @@ def fanin_answer(node, spec, question: str, *packed):
     from ..state import KVState
 
     p = node.protocol(*spec)
-    t0 = time.perf_counter()
+    t0 = now(node.agent.device)
     got = [node.unpack(m) for m in packed]
     bodies = [g.body for g in got]
     message = p.receive(node.agent, question, bodies) if isinstance(p, CacheBack) else KVState.concat(bodies)
-    unpack_s = time.perf_counter() - t0
+    unpack_s = now(node.agent.device) - t0
     reply = p.reply(node.agent, question, message) if isinstance(p, CacheBack) else \
         node.agent.answer(question, message=message, max_new_tokens=p.max_new_tokens)
     out = _answer_info(reply) | _received_info(got) | {"unpack_s": unpack_s, "message_rows": len(message)}
@@ -144,9 +145,9 @@ def check_readers(node, spec, plans: list[dict], question: str) -> None:
 
 def fullkv_send(node, spec, document: str, question: str):
     p = node.protocol(*spec)
-    t0 = time.perf_counter()
+    t0 = now(node.agent.device)
     state = p.sender_state(node.agent, document, question)
-    seconds = time.perf_counter() - t0
+    seconds = now(node.agent.device) - t0
     packed = node.pack(state, protocol=p.name)
     return packed, {"seconds": seconds, "nbytes": len(state.to_bytes()), "wire_bytes": _wire_len(packed)}
 
@@ -156,9 +157,9 @@ def merge_think(node, spec, document: str, question: str):
     from ..merge import Fragment, FragmentSet
 
     p = node.protocol(*spec)
-    t0 = time.perf_counter()
+    t0 = now(node.agent.device)
     fragment = Fragment.of(p.sender_state(node.agent, document, question))
-    seconds = time.perf_counter() - t0
+    seconds = now(node.agent.device) - t0
     node.replica = node.replica.add(fragment)
     packed = node.pack(FragmentSet([fragment]), protocol=p.name)
     return packed, {"seconds": seconds, "digest": fragment.digest, "wire_bytes": _wire_len(packed)}
@@ -169,11 +170,11 @@ def merge_judge(node, spec, question: str, *packed):
     dedupe=False), render, answer (as Merge.run)."""
     p = node.protocol(*spec)
     got = [node.unpack(m) for m in packed]
-    t0 = time.perf_counter()
+    t0 = now(node.agent.device)
     fragments = [f for g in got for f in g.body]  # thinker order (one fragment per message)
     state, slots, merged = p.combine(fragments)
     node.replica = node.replica.merge(merged)
-    render_s = time.perf_counter() - t0
+    render_s = now(node.agent.device) - t0
     reply = node.agent.answer(question, message=state, max_new_tokens=p.max_new_tokens)
     return _answer_info(reply) | _received_info(got) | {
         "render_s": render_s, "message_rows": len(state), "slots": slots, "digest": state.digest(),
@@ -183,12 +184,12 @@ def merge_judge(node, spec, question: str, *packed):
 def chain_hop(node, spec, document: str, index: int, question: str, packed=None, previous=None):
     """One CacheBack chain hop: re-prefill the previous hop's rows (if any), read, select, send on."""
     p = node.protocol(*spec)
-    t0 = time.perf_counter()
+    t0 = now(node.agent.device)
     got = None if packed is None else node.unpack(packed)
     origins = [] if previous is None else previous["origins"]
     out, origins, info = p.hop(node.agent, document, index, question, None if got is None else got.body,
                                list(origins))
-    seconds = time.perf_counter() - t0
+    seconds = now(node.agent.device) - t0
     sent = node.pack(out, protocol=p.name, encoding="token_ids" if p.encoding == "token_ids" else None)
     return sent, {"seconds": seconds, "origins": origins, "info": info, "wire_bytes": _wire_len(sent),
                   "signed_by": None if got is None else key_id(got.signed_by)}
@@ -236,7 +237,7 @@ def run_protocol(transport: Transport, protocol: Protocol | tuple[str, dict], se
     if not senders:
         raise ConfigError("no senders: run_protocol needs at least one sender and its document")
     spec = protocol_spec(protocol)
-    t0 = time.perf_counter()
+    t0 = now()  # wall clock: the nodes' steps have returned (their clocks wait for their devices)
     if isinstance(protocol, CacheBackChain):
         out = _run_chain(transport, spec, senders, documents, receiver, question, after_dispatch)
     elif isinstance(protocol, (CacheBack, FullKV)):
@@ -250,7 +251,7 @@ def run_protocol(transport: Transport, protocol: Protocol | tuple[str, dict], se
                         "fullkv": (fullkv_send, fanin_answer)}[kind]
         out = _run_fanin(transport, spec, kind, send, answer, senders, documents, receiver, question, on_lost,
                          after_dispatch)
-    out.details["wall_s"] = time.perf_counter() - t0
+    out.details["wall_s"] = now() - t0
     out.details["transport"] = transport.name
     return out
 
