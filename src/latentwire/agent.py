@@ -11,11 +11,13 @@ from __future__ import annotations
 import itertools
 import logging
 from functools import cached_property
-from typing import Sequence, Union
+from typing import Union
 
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from . import templates
+from .templates import KV_PROMPT, MESSAGE_PROMPT, SLOT, Chat  # noqa: F401  (the agent's API: prompts and the slot)
 from .clock import now
 from .errors import (ConfigError, ContextOverflowError, StateFormatError, TokenizerMismatchError, UnknownNameError,
                      UnknownParameterError)
@@ -30,12 +32,8 @@ _UIDS = itertools.count()
 
 log = logging.getLogger("latentwire")
 
-Chat = Union[str, Sequence[dict]]
 Message = Union[None, str, KVState, Rows]
 LATENT_MODES = ("rescale", "realign")
-SLOT = "\u2063MESSAGE\u2063"  # placeholder for a message inside the receiver's prompt
-MESSAGE_PROMPT = "Notes from other agents:\n" + SLOT + "\n\nQuestion: {question}\nAnswer briefly."
-KV_PROMPT = "Using the information above, answer briefly: {question}"
 
 
 def _check_window_arg(context_window) -> None:
@@ -117,14 +115,8 @@ class Agent:
         return self.model.get_input_embeddings().num_embeddings
 
     def chat_text(self, chat: Chat, add_generation_prompt: bool = True) -> str:
-        messages = [{"role": "user", "content": chat}] if isinstance(chat, str) else list(chat)
-        if self.tokenizer.chat_template:
-            return self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                      add_generation_prompt=add_generation_prompt)
-        # Base models without a template: a plain transcript, BOS first when the model has one.
-        text = (self.tokenizer.bos_token or "") + "".join(f"{m['role'].capitalize()}: {m['content']}\n\n"
-                                                          for m in messages)
-        return text + ("Assistant:" if add_generation_prompt else "")
+        """`chat` in this model's chat template (a plain transcript without one: `templates.chat_text`)."""
+        return templates.chat_text(self.tokenizer, chat, add_generation_prompt)
 
     @torch.no_grad()
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -413,19 +405,9 @@ class Agent:
         return self.encode(self.continuation_text(user))
 
     def continuation_text(self, question: str) -> str:
-        """Template text that closes the open assistant turn a message ends in, then asks `question`.
-
-        A full-KV message is another agent's prefill (ending at its generation prompt) plus latent
-        steps, i.e. an open assistant turn. Rendering a two-turn chat with sentinels and keeping the
-        tail gives this model's own turn-close and next-turn markup, with no second system prompt/BOS.
-        """
-        a, b = "\x00A\x00", "\x00B\x00"
-        head = [{"role": "user", "content": a}, {"role": "assistant", "content": b}]
-        before = self.chat_text(head, add_generation_prompt=False)
-        full = self.chat_text(head + [{"role": "user", "content": question}])
-        if not full.startswith(before) or b not in before:
-            raise StateFormatError("this chat template cannot continue a conversation; pass the question as text")
-        return before[before.index(b) + len(b):] + full[len(before):]
+        """Template text that closes the open assistant turn a message ends in, then asks `question`
+        (`templates.continuation_text`)."""
+        return templates.continuation_text(self.tokenizer, question)
 
     @staticmethod
     def _with_slot(question: str) -> str:
@@ -436,9 +418,7 @@ class Agent:
 
     def slot_ids(self, text: str) -> tuple[list[int], list[int]]:
         """Token ids before and after the one `SLOT` in a rendered prompt."""
-        if text.count(SLOT) != 1:
-            raise StateFormatError(f"the prompt must hold the message slot exactly once (found {text.count(SLOT)})")
-        before, after = text.split(SLOT)
+        before, after = templates.split_slot(text)
         return self.encode(before), self.encode(after)
 
     def _check_rows(self, rows: Rows) -> None:
@@ -449,20 +429,14 @@ class Agent:
 
     @cached_property
     def stop_ids(self) -> set[int]:
-        ids = {self.tokenizer.eos_token_id}
-        eos = getattr(self.model.generation_config, "eos_token_id", None)
-        ids |= set(eos) if isinstance(eos, (list, tuple)) else {eos}
-        for tok in ("<|im_end|>", "<end_of_turn>", "<|endoftext|>"):
-            tid = self.tokenizer.convert_tokens_to_ids(tok)
-            if isinstance(tid, int) and self.tokenizer.convert_ids_to_tokens(tid) == tok:  # the token itself, even
-                ids.add(tid)  # when it is also the unknown token (SmolLM2's <|endoftext|>); not an unknown's id
-        return {i for i in ids if i is not None}
+        """Token ids that end an answer (`templates.stop_ids`)."""
+        return templates.stop_ids(self.model, self.tokenizer)
 
     @cached_property
     def turn_marker(self) -> str | None:
-        """A templateless model reads a plain transcript (`chat_text`): its answer ends where it starts the next
-        turn ("User:"), which a base model does in place of a stop token. None with a chat template."""
-        return None if self.tokenizer.chat_template else "User:"
+        """The next turn's marker that ends a templateless model's answer; None with a chat template
+        (`templates.turn_marker`)."""
+        return templates.turn_marker(self.tokenizer)
 
     def _decode(self, cache: DynamicCache, start: int, hidden: torch.Tensor, max_new_tokens: int,
                 marks: list[float] | None = None) -> tuple[list[int], bool]:

@@ -6,6 +6,7 @@ import torch
 
 from latentwire.agent import Agent
 from latentwire.models import OTHER_ARCHS, tiny_model, tiny_tokenizer, tokenizer_fingerprint
+from latentwire.bench.episode import Episode, Span, write_episodes
 from latentwire.state import Geometry, KVState
 from latentwire.models.compat import cache_arg, output_cache
 
@@ -158,3 +159,13 @@ def spy_decode(monkeypatch):
         return seen
 
     return attach
+
+
+@pytest.fixture
+def tiny_task(tmp_path):
+    """A three-episode fan-in task file (the bench runner's and report's tests run it on tiny models)."""
+    eps = [Episode(f"e{i}", "t", "fanin", "What is the code?", ["7341"],
+                   ("The code is 7341. " * (1 + i), "Nothing here."), (Span(0, 0, 17),)) for i in range(3)]
+    path = tmp_path / "task.jsonl"
+    write_episodes(path, eps)
+    return path

@@ -15,7 +15,7 @@ LAYERS = [
     {"errors", "registry", "placement", "rope", "message", "clock"},  # leaves: errors, names, devices, RoPE, messages, clock
     {"models"},
     {"state"},
-    {"agent", "replies", "attention", "blend"},
+    {"agent", "replies", "attention", "blend", "templates"},
     {"select", "merge", "translate", "wire"},
     {"protocols"},
     {"demo", "transport"},
