@@ -1,11 +1,12 @@
 """Coreference from agents that hold their documents: the whole state against retrieval, timed from the question.
 
-    python benchmarks/held_coref.py [--n 60] [--seed 2027] [--dtype float32] [--out docs/results/held_coref]
-                                    [--report-only]
+    python benchmarks/held_coref.py [--n 60] [--seed 2027] [--model qwen2.5-coder-0.5b] [--dtype D]
+                                    [--out docs/results/held_coref] [--upto K] [--report-only]
 
 Why: in the rival study (cold reads, seed 2026) full KV answered `coref` 0.63 against BM25 text 0.21 and dense text
-0.24, and its receiver's seconds (its whole question-time cost once the senders hold their states: it attaches them
-and prefills only the question) were below retrieval's TTEOA. That was read off records timed for another purpose.
+0.24, and its receiver's median seconds (its whole question-time cost once the senders hold their states: it
+attaches them and prefills only the question) were 3.2 against BM25's median TTEOA of 4.3 (means: 5.6 and 5.4, a
+few long answers). That was read off records timed for another purpose, cold.
 This study measures it as designed, on fresh episodes (`coref.generate(2027, n)`: neither the rival's seed nor the
 dev seed 7), every protocol reading from held documents as in `stored_states.py` (`run_cell`: one HeldReads per
 set of documents; the question-time TTEOA leaves each sender's query-blind read out, the cold TTEOA keeps it).
@@ -20,8 +21,10 @@ at 8x, index built before the question), text reports from held documents and th
 set of documents.
 
 Output in `--out`: `coref/` (records, config, episodes, the bench report) and `README.md`: per protocol accuracy
-[95% CI], median question-time and cold TTEOA [95% CI], median message bytes and receiver context; the verdicts
-(exact paired p, Holm, question-time TTEOA ratios); where the question time goes. One study, one dtype.
+[95% CI], median question-time TTEOA [95% CI] and cold TTEOA, median message bytes and receiver context, over the
+episodes every protocol has finished (as `report.md`; costs over the records without an error); the verdicts
+(exact paired p, Holm, question-time TTEOA ratios); where the question time goes. `--dtype` defaults to the
+default placement (float32 on a CPU without native bf16, as this study's first run); one study holds one dtype.
 """
 from __future__ import annotations
 
@@ -35,10 +38,10 @@ from latent_vs_text import commands, ensure_episodes, log_command  # noqa: E402
 from stored_states import _split, check_study_dtype, document_sets, run_cell, set_accuracy, time_lines  # noqa: E402
 
 from latentwire.agent import Agent  # noqa: E402
-from latentwire.bench.folder import run_lock  # noqa: E402
+from latentwire.bench.folder import hardware, run_lock  # noqa: E402
 from latentwire.bench.metrics import bootstrap_median_ci  # noqa: E402
-from latentwire.bench.report import (PAIRING_NOTE, VERDICT_HEADER, compare, holm_note,  # noqa: E402
-                                     mixed_note, read_run, verdict, with_holm, write_report)
+from latentwire.bench.report import (PAIRING_NOTE, VERDICT_HEADER, compare, complete_episodes,  # noqa: E402
+                                     holm_note, mixed_note, read_run, verdict, with_holm, write_report)
 from latentwire.bench.tasks import coref  # noqa: E402
 from latentwire.placement import dtype_name  # noqa: E402
 
@@ -61,7 +64,7 @@ def episodes(n: int, seed: int) -> list:
 
 def summary_lines(folder: Path) -> list[str]:
     """Per protocol: accuracy [95% CI], median question-time and cold TTEOA [95% CI], bytes, receiver context."""
-    config, records = read_run(folder)
+    config, records = finished_records(folder)
     sets = document_sets(folder)
     lines = ["| protocol | n | accuracy [95% CI] | median question-time TTEOA s [95% CI] | median cold TTEOA s | "
              "median message bytes | median receiver context |", "|---|---:|---|---|---:|---:|---:|"]
@@ -69,25 +72,32 @@ def summary_lines(folder: Path) -> list[str]:
         rs = [r for r in records if r["protocol"] == label]
         if not rs:
             continue
-        q = [(r["tteoa_question"], sets[r["episode"]]) for r in rs if r.get("tteoa_question") is not None]
+        ran = [r for r in rs if r.get("error") is None]  # an error scores 0 (accuracy) and has no costs
+        q = [(r["tteoa_question"], sets[r["episode"]]) for r in ran if r.get("tteoa_question") is not None]
         qt = "{:.2f} [{:.2f}, {:.2f}]".format(*bootstrap_median_ci([t for t, _ in q], clusters=[s for _, s in q])) \
             if q else "—"
-        cold = [r["tteoa"] for r in rs if r.get("tteoa") is not None]
-        lines.append(f"| `{label}` | {len(rs)} | {set_accuracy(rs, sets)} | {qt} | "
-                     f"{statistics.median(cold):.2f} | {statistics.median(r['message_bytes'] for r in rs):,.0f} | "
-                     f"{statistics.median(r['receiver_context'] for r in rs):,.0f} |")
+        med = lambda key, fmt: format(statistics.median(r[key] for r in ran), fmt) if ran else "—"  # noqa: E731
+        lines.append(f"| `{label}` | {len(rs)} | {set_accuracy(rs, sets)} | {qt} | {med('tteoa', '.2f')} | "
+                     f"{med('message_bytes', ',.0f')} | {med('receiver_context', ',.0f')} |")
     return lines
+
+
+def finished_records(folder: Path) -> tuple[dict, list[dict]]:
+    """The run's config and the records of the episodes every protocol has finished (`report.md` reads the same)."""
+    config, records = read_run(folder)
+    return config, complete_episodes(records, config["config"]["protocols"])
 
 
 def write_index(out: Path, n: int, seed: int) -> None:
     folder = out / CELL
-    config, records = read_run(folder)
+    config, records = finished_records(folder)
     comps = with_holm([c for a, b in FAMILY if (c := compare(records, a, b, None, True))])  # one question a set
     done = len({r["episode"] for r in records})
+    hosts = sorted({hardware(env) for env in [config["environment"], *config.get("resumed", [])]})
     lines = ["# Coreference from agents that hold their documents", "",
              f"`coref` fan-in (3 senders, the entity named in one sentence and referred to by a pronoun or an alias "
-             f"in the evidence), {config['config']['model']}, {config['config']['dtype']}, "
-             f"{config['environment'].get('cpu_model') or config['config']['device']}; {done} of {n} fresh episodes "
+             f"in the evidence), {config['config']['model']}, {config['config']['dtype']} on {', '.join(hosts)}; "
+             f"{done} of {n} fresh episodes "
              f"(seed {seed}), one question per set of documents, every sender holding its document before the "
              "question. Question-time TTEOA leaves out each sender's query-blind read (prefill + 8 latent steps, "
              "or a retriever's index), cold TTEOA keeps it. Protocols, verdicts, n and seed were fixed before the "

@@ -37,6 +37,15 @@ def test_now_on_cpu_or_without_a_device_never_synchronises(synced):
     assert a <= b and synced == []
 
 
+def test_timed_waits_for_every_device_it_is_given_at_both_ends(synced):
+    from latentwire.protocols.base import timed
+
+    out, seconds = timed({torch.device("cuda", 0), torch.device("cpu")}, sum, [1, 2])
+    assert out == 3 and seconds >= 0 and synced == [torch.device("cuda", 0)] * 2
+    synced.clear()
+    assert timed("cuda:1", len, "ab")[0] == 2 and synced == [torch.device("cuda", 1)] * 2  # one device, not a set
+
+
 def test_now_refuses_a_device_name_torch_does_not_know():
     with pytest.raises(RuntimeError):
         clock.now("not-a-device")

@@ -35,8 +35,8 @@ def test_the_study_runs_from_held_documents_resumes_and_reports(tmp_path, monkey
     assert kv["tteoa"] == pytest.approx(max(kv["sender_seconds"]) + kv["receiver_seconds"])
     assert kv["tteoa"] > kv["tteoa_question"]  # cold: the reads the question did not wait for
     for label in (held_coref.TEXTH, held_coref.PROBE, held_coref.DRAFT, held_coref.BM25H, held_coref.DENSEH):
-        r = records[label]
-        assert r["tteoa_question"] is not None and r["tteoa_question"] <= r["tteoa"], label
+        r = records[label]  # a held read (an LLM's, or a retriever's index) is charged to the cold figure only
+        assert r["tteoa_question"] is not None and r["tteoa_question"] < r["tteoa"], label
     assert records[held_coref.FULLCTX]["tteoa_question"] == pytest.approx(records[held_coref.FULLCTX]["tteoa"])
     held_coref.run_cell(agent, folder, [[episode]], "qwen2", protocols)  # resuming adds nothing
     assert len((folder / "records.jsonl").read_text().splitlines()) == len(records)
@@ -46,9 +46,24 @@ def test_the_study_runs_from_held_documents_resumes_and_reports(tmp_path, monkey
     assert "1 of 1 fresh episodes (seed 3)" in page
     for label in held_coref.PROTOCOLS:
         assert f"| `{label}` | 1 |" in page, label
-    verdicts = page.split("## Verdicts")[1]
-    assert all(f"`{a}` vs `{b}`" in verdicts for a, b in held_coref.FAMILY)
-    assert f"over the {len(held_coref.FAMILY)} verdicts" in verdicts and "## Where the time goes" in page
+    verdicts = page.split("## Verdicts")[1].split("Holm p:")[0]
+    rows = [line for line in verdicts.splitlines() if line.startswith("| `")]
+    assert [r.split(" | ")[0] for r in rows] == [f"| `{a}` vs `{b}`" for a, b in held_coref.FAMILY]
+    assert all(r.endswith("(question-time) |") for r in rows)  # every ratio from the question's arrival
+    assert f"over the {len(held_coref.FAMILY)} verdicts" in page and "## Where the time goes" in page
+
+    # a typed error scores 0 and has no costs: the page still writes, its costs over the records that ran
+    lines = (folder / "records.jsonl").read_text().splitlines()
+    failed = [json.loads(line) for line in lines]
+    for r in failed:
+        if r["protocol"] == held_coref.DENSEH:
+            r.update(answer="", accuracy=0.0, message_bytes=None, receiver_context=None, receiver_seconds=None,
+                     tteoa=None, tteoa_question=None, ttft=None, error="ContextOverflowError: too long")
+    (folder / "records.jsonl").write_text("".join(json.dumps(r) + "\n" for r in failed))
+    held_coref.write_index(tmp_path, 1, 3)
+    row = next(line for line in (tmp_path / "README.md").read_text().splitlines()
+               if line.startswith(f"| `{held_coref.DENSEH}` | 1 |"))
+    assert row.endswith("| 0.00 [0.00, 0.00] | — | — | — | — |")
 
 
 def test_the_episodes_are_fresh_and_prefix_stable(monkeypatch):

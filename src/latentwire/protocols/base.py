@@ -102,11 +102,13 @@ def after_first(reply) -> float:
     return reply.decode_seconds - reply.token_seconds[0] if reply.token_seconds else 0.0
 
 
-def timed(device, fn, *args, **kw):
-    """(fn(*args, **kw), its seconds), the work it queued on `device` included (`clock.now`)."""
-    t0 = now(device)
+def timed(devices, fn, *args, **kw):
+    """(fn(*args, **kw), its seconds), the work it queued on `devices` (one device, or several) included
+    (`clock.now`)."""
+    devices = tuple(devices) if isinstance(devices, (tuple, list, set)) else (devices,)
+    t0 = now(*devices)
     out = fn(*args, **kw)
-    return out, now(device) - t0
+    return out, now(*devices) - t0
 
 
 PROTOCOLS = Registry("protocol")

@@ -399,9 +399,10 @@ class CacheBack(Protocol):
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
         self.check_window(senders, documents, receiver, question)
         parts, seconds, kept, timing = self.send(senders, documents, question)
-        t0 = now(receiver.device)
+        where = {receiver.device, *(p.device for p in parts if isinstance(p, KVState))}  # K/V placed where they lie
+        t0 = now(*where)
         message = self.receive(receiver, question, parts)
-        place_s = now(receiver.device) - t0 if self.encoding in KV_ENCODINGS else 0.0  # re-rotating K/V is real work
+        place_s = now(*where) - t0 if self.encoding in KV_ENCODINGS else 0.0  # re-rotating K/V is real work
         if self.encoding in KV_ENCODINGS:
             nbytes = sum(len(p.to_bytes()) for p in parts)  # each sender ships its selected rows' state
             details = {"message_rows": len(message), "kv_bytes": nbytes, "place_s": place_s}

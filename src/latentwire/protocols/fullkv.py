@@ -67,7 +67,8 @@ class FullKV(Protocol):
         self.check_window(senders, documents, receiver, question)
         reads = [self.sender_read(sender, doc, question) for sender, doc in self._pair(senders, documents)]
         states, seconds = [r.state for r in reads], [r.seconds for r in reads]
-        message, concat_s = timed(receiver.device, KVState.concat, states)  # the receiver places the states (re-rotation)
+        where = {receiver.device, *(s.device for s in states)}  # the states are placed (re-rotated) where they lie
+        message, concat_s = timed(where, KVState.concat, states)
         nbytes = sum(len(s.to_bytes()) for s in states)  # each sender ships its own state
         reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
         kept = tuple(((0, len(d)),) for d in documents)  # every position travels

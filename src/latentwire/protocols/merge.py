@@ -61,9 +61,10 @@ class Merge(FullKV):
             fragments.append(Fragment.of(r.state))
             seconds.append(r.seconds + now(sender.device) - t0)  # read (measured) + content addressing
             shared += r.shared
-        t0 = now(receiver.device)
+        where = {receiver.device, *(f.state.device for f in fragments)}  # the blocks are combined where they lie
+        t0 = now(*where)
         state, slots, merged = self.combine(fragments)
-        render_s = now(receiver.device) - t0
+        render_s = now(*where) - t0
         reply = receiver.answer(question, message=state, max_new_tokens=self.max_new_tokens)
         nbytes = sum(len(fragments[i].state.to_bytes()) for i in slots)  # every block sent, repeats included
         return Outcome(self.name, reply.text, nbytes, reply.context,
