@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from latent_vs_text import commands, ensure_episodes, log_command  # noqa: E402
-from stored_states import _split, check_study_dtype, document_sets, run_cell, set_accuracy, time_lines  # noqa: E402
+from stored_states import check_study_dtype, document_sets, run_cell, set_accuracy, time_lines  # noqa: E402
 
 from latentwire.agent import Agent  # noqa: E402
 from latentwire.bench.folder import hardware, run_lock  # noqa: E402
@@ -62,9 +62,8 @@ def episodes(n: int, seed: int) -> list:
     return coref.generate(seed, n)
 
 
-def summary_lines(folder: Path) -> list[str]:
+def summary_lines(folder: Path, config: dict, records: list[dict]) -> list[str]:
     """Per protocol: accuracy [95% CI], median question-time and cold TTEOA [95% CI], bytes, receiver context."""
-    config, records = finished_records(folder)
     sets = document_sets(folder)
     lines = ["| protocol | n | accuracy [95% CI] | median question-time TTEOA s [95% CI] | median cold TTEOA s | "
              "median message bytes | median receiver context |", "|---|---:|---|---|---:|---:|---:|"]
@@ -101,7 +100,7 @@ def write_index(out: Path, n: int, seed: int) -> None:
              f"(seed {seed}), one question per set of documents, every sender holding its document before the "
              "question. Question-time TTEOA leaves out each sender's query-blind read (prefill + 8 latent steps, "
              "or a retriever's index), cold TTEOA keeps it. Protocols, verdicts, n and seed were fixed before the "
-             "first record (`benchmarks/held_coref.py`).", ""] + summary_lines(folder)
+             "first record (`benchmarks/held_coref.py`).", ""] + summary_lines(folder, config, records)
     lines += ["", "## Verdicts", "", VERDICT_HEADER[0], VERDICT_HEADER[1]] \
         + [verdict(c) for c in comps] + ["", holm_note(len(comps)), "", PAIRING_NOTE] + mixed_note(comps)
     lines += [""] + time_lines(out, [CELL])
@@ -127,11 +126,11 @@ def main() -> None:
         folder.mkdir(parents=True, exist_ok=True)
         agent = Agent.from_pretrained(args.model, dtype=args.dtype)
         check_study_dtype(args.out, dtype_name(agent.dtype))
-        groups = [[e] for e in episodes(args.n, args.seed)]
+        eps = episodes(args.n, args.seed)
         with run_lock(folder):  # one run per folder
-            ensure_episodes(folder / "episodes.jsonl", [g[0] for g in groups])
+            ensure_episodes(folder / "episodes.jsonl", eps)
             log_command(folder, " ".join(["python benchmarks/held_coref.py"] + sys.argv[1:]))
-            run_cell(agent, folder, groups, args.model, _split(",".join(PROTOCOLS)), args.upto)
+            run_cell(agent, folder, [[e] for e in eps], args.model, PROTOCOLS, args.upto)
     if not (folder / "records.jsonl").exists():
         sys.exit(f"no records in {folder}: run without --report-only first")
     write_report(folder, FAMILY, None, question_time=True, complete=True)

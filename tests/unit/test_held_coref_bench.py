@@ -26,7 +26,7 @@ def test_the_study_runs_from_held_documents_resumes_and_reports(tmp_path, monkey
     episode = Episode("coref-x", "coref", "fanin", "Which instrument can Mira Novak play?", ["cello"], docs,
                       (Span(0, 27, 50),))
     held_coref.ensure_episodes(folder / "episodes.jsonl", [episode])
-    protocols = held_coref._split(",".join(held_coref.PROTOCOLS))
+    protocols = held_coref.PROTOCOLS
     held_coref.run_cell(agent, folder, [[episode]], "qwen2", protocols)
     records = {r["protocol"]: r for r in map(json.loads, (folder / "records.jsonl").read_text().splitlines())}
     assert sorted(records) == sorted(held_coref.PROTOCOLS) and all(r["error"] is None for r in records.values())

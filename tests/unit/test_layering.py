@@ -12,7 +12,7 @@ import latentwire
 ROOT = Path(latentwire.__file__).resolve().parent
 # Lowest first. A module may import its own layer's modules and any layer below; the last column is what lives there.
 LAYERS = [
-    {"errors", "registry", "placement", "rope", "message", "clock"},  # leaves: errors, names, devices, RoPE, messages, clock
+    {"errors", "registry", "placement", "rope", "message", "clock"},  # leaves: names, devices, RoPE, messages, time
     {"models"},
     {"state"},
     {"agent", "replies", "attention", "blend", "templates"},

@@ -1,4 +1,5 @@
-"""Bench metrics: answer normalisation and scores (prose and code), evidence recall on hand-built spans, bootstrap intervals."""
+"""Bench metrics: answer normalisation and scores (prose and code), evidence recall on hand-built spans, bootstrap
+intervals."""
 
 import pytest
 

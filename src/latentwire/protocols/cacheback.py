@@ -8,7 +8,6 @@ the same spans, budgets and encodings.
 from __future__ import annotations
 
 import math
-
 import weakref
 from dataclasses import dataclass, field, replace
 from typing import Sequence

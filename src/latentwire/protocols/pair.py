@@ -110,9 +110,10 @@ class T2T(PairProtocol):
             raise ConfigError(f"max_note_tokens must be ≥ 1, got {self.max_note_tokens}")
 
     def run(self, sharer, receiver, sharer_doc, receiver_doc, question) -> Outcome:
-        notes, sharer_s = timed(sharer.device, sharer.answer, REPORT_PROMPTS["notes"].format(document=sharer_doc, question=question),
-                                max_new_tokens=self.max_note_tokens)
-        state, prefill_s = timed(receiver.device, receiver.prefill, own_prompt(receiver_doc + NOTES_HEADER + notes.text, question))
+        ask = REPORT_PROMPTS["notes"].format(document=sharer_doc, question=question)
+        notes, sharer_s = timed(sharer.device, sharer.answer, ask, max_new_tokens=self.max_note_tokens)
+        own = own_prompt(receiver_doc + NOTES_HEADER + notes.text, question)
+        state, prefill_s = timed(receiver.device, receiver.prefill, own)
         reply, answer_s = timed(receiver.device, self._answer, receiver, state, question)
         return Outcome(self.name, reply.text, len(notes.text.encode()), reply.context, (sharer_s,),
                        prefill_s + answer_s, {"notes": notes.text, "note_tokens": len(notes.token_ids),
