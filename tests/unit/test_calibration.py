@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from latentwire.errors import UnknownNameError
-from latentwire.protocols.cacheback import (GENERIC_QUESTION, CacheBack, calibrate, document_rows,
-                                            masked_question)
+from latentwire.protocols.calibration import GENERIC_QUESTION, calibrate, masked_question
+from latentwire.protocols.cacheback import CacheBack, document_rows
 from latentwire.select import always_kept, fanin_budget, select_rows
 from latentwire.select.cacheback import cacheback_scores
 

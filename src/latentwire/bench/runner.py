@@ -26,6 +26,7 @@ from ..message import merge_spans
 from ..placement import dtype_name, resolve
 from ..protocols import Outcome, Protocol, get_protocol
 from ..protocols.reads import shared_reads
+from ..protocols.stages import Stage, parse_value, to_flat
 from .episode import Episode, load_episodes, span_token_positions
 from .folder import check_episodes, episode_hashes, open_run, write_config
 from .metrics import answer_scores, evidence_recall
@@ -86,10 +87,13 @@ def _parse_one(spec: str) -> tuple[str, tuple[str, dict]]:
             raise ConfigError(f"protocol spec {spec!r}: {', '.join(twice)} given twice")
         for kw in call.keywords:
             try:
-                params[kw.arg] = ast.literal_eval(kw.value)
+                params[kw.arg] = parse_value(kw.value)  # a literal, or a stage: score=probe(16)
             except (ValueError, TypeError, RecursionError) as e:  # TypeError: an unhashable key, {[1]: 2}
+                if isinstance(e, LatentWireError):
+                    raise ConfigError(f"protocol spec {spec!r}: {e}") from e
                 raise ConfigError(f"protocol spec {spec!r}: {kw.arg}={ast.unparse(kw.value)} is not a Python literal "
-                                  "(a number, string, bool, None, list, tuple or dict; quote strings)") from e
+                                  "(a number, string, bool, None, list, tuple or dict; quote strings) or a stage "
+                                  "(e.g. probe(16))") from e
     label = name if not params else f"{name}({', '.join(f'{k}={v!r}' for k, v in params.items())})"
     return label, (name, params)
 
@@ -250,8 +254,11 @@ def run(config: RunConfig, out_dir: str | Path, progress: bool = True, agent: Ag
 
 
 def protocol_parameters(protocol) -> dict:
-    """Every parameter of a protocol (dataclass fields), defaults included."""
-    return {f.name: getattr(protocol, f.name) for f in fields(protocol) if f.init and not f.name.startswith("_")}
+    """Every parameter of a protocol (dataclass fields), defaults included; a staged protocol's stages as the flat
+    keywords they stand for where they can be (`to_flat`: a folder written before stages compares alike)."""
+    params = {f.name: getattr(protocol, f.name) for f in fields(protocol) if f.init and not f.name.startswith("_")}
+    staged = {k: v for k, v in params.items() if isinstance(v, Stage)}
+    return {k: v for k, v in params.items() if k not in staged} | (to_flat(protocol) if staged else {})
 
 
 def describe_protocols(protocols: dict) -> str:

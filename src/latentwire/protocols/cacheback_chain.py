@@ -9,49 +9,46 @@ origin (which document, which characters), so evidence recall is measured on the
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
 
 from ..agent import SLOT, Agent
 from ..clock import now
-from ..errors import ConfigError, UnknownNameError
+from ..errors import ConfigError
 from ..message import Rows
-from ..select import (TextSelector, always_kept, fanin_budget, fixed_chain_budget, relative_chain_budget,
-                      select_rows)
-from ..select.presses import rerun_seconds
+from ..select import always_kept, fanin_budget, select_rows
 from .base import SENDER_PROMPT, Outcome, register
-from .cacheback import KV_ENCODINGS, CacheBack
+from .cacheback import CacheBack
+from .stages import Chain, Stage, flat_keywords
 from .documents import chat_document, document_rows, token_document_spans
 
 HOP_PROMPT = "Notes from the previous agent:\n" + SLOT + "\n\n" + SENDER_PROMPT
-BUDGETS = ("relative", "fixed")
 Origin = tuple[int, tuple[int, int]] | None  # (document index, character span) of a row, None for other rows
 
 
 @register
+@flat_keywords
 @dataclass
 class CacheBackChain(CacheBack):
     """CacheBack hop to hop: each hop re-prefills the rows the previous hop sent, reads its own document and
-    sends on selected rows. Key parameters: `budget` ("relative" or "fixed"), `max_rows`, `ratio`, `latent_steps`."""
+    sends on selected rows. Key parameters: `budget` (chain('relative') or chain('fixed', max_rows=...); flat:
+    budget='fixed', max_rows=), `ratio`, `latent_steps`."""
     name = "cacheback_chain"
-    budget: str = "relative"  # "relative" or "fixed"
-    max_rows: int = 512  # B_max of the fixed budget
+    budget: Stage = field(default_factory=Chain)  # chain('relative') or chain('fixed', max_rows=512)
 
     def __post_init__(self):
         super().__post_init__()
-        if self.budget not in BUDGETS:
-            raise UnknownNameError("chain budget", self.budget, BUDGETS)
-        if self.max_rows < 1:
-            raise ConfigError(f"max_rows must be ≥ 1, got {self.max_rows}")
-        if self.context != "none" or self.mass is not None or self.fill != "cut":
-            raise ConfigError("cacheback_chain sets each hop's budget itself and spends it exactly: context=, mass= "
-                              "and fill= are for fan-in")
-        if self.encoding in KV_ENCODINGS:
+        if not isinstance(self.budget, Chain):
+            raise ConfigError(f"cacheback_chain sets each hop's budget itself: budget=chain(...), not {self.budget!r}")
+        if self.units.takes_context or self.units.fill != "cut":
+            raise ConfigError("cacheback_chain sets each hop's budget itself and spends it exactly: context= and "
+                              "fill= are for fan-in")
+        if self.encoding.attached:
             raise ConfigError(f"cacheback_chain re-prefills each hop's rows: encoding 'rows' or 'token_ids', not "
                               f"{self.encoding!r}")
-        if self.fuse is not None or isinstance(self._selector, TextSelector):
+        if self.score.reads_text:
             raise ConfigError("cacheback_chain scores each hop's state with a state selector: text selectors and "
                               "fuse= are for fan-in (cacheback, cacheback_x, retrieval)")
 
@@ -71,13 +68,12 @@ class CacheBackChain(CacheBack):
             row_origin, eligible, keep = _hop_rows(sender, document, index, message, origins, len(state),
                                                    self.latent_steps)
             t_old, t_new = len(message), len(state) - len(message) - self.latent_steps
-            budget = (relative_chain_budget(t_old, t_new, self.ratio) if self.budget == "relative"
-                      else fixed_chain_budget(t_old, t_new, self.max_rows))
+            budget = self.budget.hop(t_old, t_new)
         t1 = now(sender.device)
         scores = self.scores(sender, state, question)  # calibrated and probed as a fan-in sender's
-        rows = select_rows(scores, budget, keep, self.span, eligible)
+        rows = select_rows(scores, budget, keep, self.span, eligible)  # fixed spans: a hop's rows are not sentences
         out = sender.rows(state.select(rows))
-        t2 = now(sender.device) - rerun_seconds(self._selector)
+        t2 = now(sender.device) - self.score.rerun_seconds(None)
         info = {"read_s": t1 - t0, "select_s": t2 - t1, "rows": len(state), "budget": budget, "sent": len(rows),
                 "shared_read": message is None and r.shared}
         return out, [row_origin[r] if r < len(row_origin) else None for r in rows.tolist()], info
@@ -90,7 +86,7 @@ class CacheBackChain(CacheBack):
             # a shared first read is charged its measured time, not the lookup's
             seconds.append(now(sender.device) - t0 + (info["read_s"] if info["shared_read"] else 0.0))
             hops.append(info)
-        nbytes = message.nbytes if self.encoding == "rows" else message.token_id_nbytes
+        nbytes = self.encoding.cost([message], message)[0]
         reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
         kept = tuple(tuple(o[1] for o in origins if o and o[0] == d) for d in range(len(documents)))
         # Hops run one after another: the chain's critical path is their sum, reported as one "sender".

@@ -63,6 +63,7 @@ from ..translate.base import Translator, cast, read_header
 from ..translate.latent_map import LatentMap
 from .base import after_first, Outcome, register
 from .cacheback import CacheBack, Sent
+from .stages import RowsEncoding, flat_keywords
 from .documents import sent_spans
 
 DELIVERIES = ("spans", "spans+latent", "translated")
@@ -86,6 +87,7 @@ class MessageOverflowError(ContextOverflowError):
 
 
 @register
+@flat_keywords
 @dataclass
 class CacheBackX(CacheBack):
     """CacheBack to a receiver of another model: the selected rows travel as document text spans (plus mapped
@@ -102,7 +104,7 @@ class CacheBackX(CacheBack):
         super().__post_init__()
         if self.delivery not in DELIVERIES:
             raise UnknownNameError("delivery", self.delivery, DELIVERIES)
-        if self.encoding != "rows":
+        if type(self.encoding) is not RowsEncoding:
             raise ConfigError("cacheback_x sends Spans (wire encoding 'spans' or 'spans_latent') or translated K/V "
                              "('kv'), by delivery: leave `encoding` at its default")
         if (self.delivery == "spans+latent") != (self.latent_map is not None):

@@ -17,7 +17,6 @@ selecting; inside `shared_reads(HeldReads)` the index is kept across questions, 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Sequence
 
@@ -28,14 +27,12 @@ from ..clock import now
 from ..errors import ConfigError, UnknownNameError
 from ..message import Spans
 from ..placement import HOST
-from ..select import (SELECTORS, SPAN, TextSelector, check_sentence_options, context_rows, fanin_budget,
-                      get_selector, rows_from_units, select_rows, span_units, sentence_groups, unit_row_scores,
-                      unit_texts)
+from ..select import unit_texts
 from .base import after_first, SENDER_PROMPT, Outcome, Protocol, register
-from .cacheback import SPAN_MODES
 from .cacheback_x import SENDER_SEPARATOR
 from .documents import chat_document, kept_document_spans, sent_spans, token_document_spans
 from .reads import held_value, text_key
+from .stages import Held, Ratio, Sentences, Stage, Text, flat_keywords, stage
 
 
 READS = ("with_question", "held")  # when the query-blind work is done: after the question, or before it (held)
@@ -65,83 +62,75 @@ class Units(NamedTuple):
 
 
 @register
+@flat_keywords
 @dataclass
 class Retrieval(Protocol):
     """Each sender sends, as text, the document units a retriever ranks best for the question, within CacheBack's
-    budget at `ratio`; key parameters: `selector` (lexical, bm25, dense), `ratio`, `span_mode`, `read`."""
+    budget at `ratio`; key parameters: `score` (text('bm25'), text('dense'), text('lexical'), or a fusion of two),
+    `ratio`, `units`, `read`. The flat keywords `selector=`, `span_mode=`, `context=`, ... build the same stages."""
     name = "retrieval"
-    selector: str = "bm25"
-    selector_params: dict = field(default_factory=dict)
-    ratio: float = 8.0  # each sender keeps ceil(T / ratio) document tokens
-    span_mode: str = "sentence"  # the units ranked: "sentence" (sentences and lines) or "fixed" (spans of `span`)
-    span: int = SPAN
-    unit_floor: bool = True  # as CacheBack's: a budget below every sentence sends the best sentence whole
-    context: str = "none"  # as CacheBack's: "lead" or "previous" sentence of the paragraph taken along
-    fill: str = "cut"  # as CacheBack's: "whole" leaves the budget after whole units unspent instead of cutting one
+    default_selector = "bm25"
+    score: Stage = field(default_factory=Text)
+    units: Stage = field(default_factory=Sentences)
+    budget: Stage = field(default_factory=Ratio)
     read: str = "with_question"  # or "held": tokenising, units and the selector's index done before the question
 
     def __post_init__(self):
         super().__post_init__()
-        if not 1 <= self.ratio < math.inf:  # also refuses NaN
-            raise ConfigError(f"ratio must be a finite number ≥ 1, got {self.ratio}")
-        if self.span_mode not in SPAN_MODES:
-            raise UnknownNameError("span mode", self.span_mode, SPAN_MODES)
-        if isinstance(self.span, bool) or not isinstance(self.span, int) or self.span < 1:
-            raise ConfigError(f"span must be an integer ≥ 1, got {self.span!r}")
-        if not isinstance(self.unit_floor, bool):
-            raise ConfigError(f"unit_floor must be True or False, got {self.unit_floor!r}")
-        if self.selector not in SELECTORS:
-            raise UnknownNameError("selector", self.selector, SELECTORS)
-        if not issubclass(SELECTORS[self.selector], TextSelector):
-            text = [n for n in SELECTORS.names() if issubclass(SELECTORS[n], TextSelector)]
-            raise ConfigError(f"retrieval needs a text selector (one that reads no KV state): {', '.join(text)}; "
-                              f"{self.selector!r} scores states: use cacheback(selector={self.selector!r})")
+        for kind in ("score", "units", "budget"):
+            setattr(self, kind, stage(kind, getattr(self, kind)))
+        for part in (self.score, self.units, self.budget):
+            part.check(self)  # a scorer that needs a sender's read refuses: retrieval reads nothing
         if self.read not in READS:
             raise UnknownNameError("retrieval read", self.read, READS)
-        check_sentence_options(self.span_mode, self.context, self.fill)
-        self._selector = get_selector(self.selector, **self.selector_params)
+        if self.read == "held" and not isinstance(self.score, Text):
+            raise ConfigError(f"read 'held' holds a text scorer's index of the units; {self.score!r} has none")
 
-    def units(self, sender: Agent, document: str, index: bool = False) -> Units:
+    @property
+    def ratio(self) -> float:
+        return self.budget.ratio
+
+    @property
+    def selector(self) -> str:
+        return getattr(self.score, "selector", repr(self.score))
+
+    def units_of(self, sender: Agent, document: str, index: bool = False) -> Units:
         """The query-blind part of a sender's pick (`Units`); with `index`, the selector's index of the units too."""
         text, start = chat_document(sender, SENDER_PROMPT.format(document=document), document)
         per_row = token_document_spans(sender, text, document, start)
         eligible = torch.tensor([sp is not None for sp in per_row], dtype=torch.bool, device=HOST)  # (T,) text work
         keep = torch.zeros_like(eligible)  # nothing is always sent: no first or latent rows in text
-        groups = sentence_groups(per_row, document, 2 * self.span) if self.span_mode == "sentence" else None
-        units = span_units(keep, eligible, self.span, groups)
-        ctx = context_rows(groups, per_row, document, self.context) if groups and self.context != "none" else None
-        built = self._selector.index(unit_texts(per_row, document, units)) if index else None
+        groups = self.units.groups(per_row, document)
+        units = self.units.units(keep, eligible, groups)
+        ctx = self.units.carried(groups, per_row, document) if groups else None
+        built = self.score._selector.index(unit_texts(per_row, document, units)) if index else None
         return Units(per_row, eligible, groups, units, ctx, built)
 
     def pick(self, sender: Agent, document: str, question: str) -> Picked:
         """The text one sender sends for `question`, timed from the question's arrival (read="held": plus its
         query-blind work, charged as its read: measured when done now, 0 s when held from an earlier question)."""
-        self._selector.prepare()
+        self.score.prepare()
         read_s, held = 0.0, False
         if self.read == "held":  # before the question: the clock below starts after it
             u, read_s, held = held_value(self._index_key(sender, document),
-                                         lambda: self.units(sender, document, index=True), sender.device)
+                                         lambda: self.units_of(sender, document, index=True), sender.device)
         t0 = now(sender.device)
-        if self.read == "held":
-            unit_scores = (self._selector.score_index(u.built, question) if u.units
-                           else torch.zeros(0, dtype=torch.float64, device=HOST))  # (U,)
-            scores = rows_from_units(unit_scores, u.units, len(u.per_row), HOST)
-        else:
-            u = self.units(sender, document)
-            scores = unit_row_scores(self._selector, question, u.per_row, document, len(u.per_row), u.units, HOST)
-        budget = fanin_budget(len(u.per_row), self.ratio)
+        if self.read != "held":
+            u = self.units_of(sender, document)
         keep = torch.zeros_like(u.eligible)
-        rows = select_rows(scores, budget, keep, self.span, u.eligible, u.groups, self.unit_floor, u.ctx, self.fill)
+        h = Held(sender, None, u.per_row, document, u.eligible, keep, u.groups, u.units, {}, index=u.built)
+        scores = self.score.scores(h, question)
+        budget = self.budget.rows(scores, keep, self.units, u.eligible, u.groups)
+        rows = self.units.select(scores, budget, keep, u.eligible, u.groups, u.ctx)
         kept = kept_document_spans(u.per_row, rows)
         text = Spans.of(document, sent_spans(u.per_row, rows, document)).text  # as cacheback_x sends spans: the same text
         return Picked(text, kept, now(sender.device) - t0 + read_s, budget, len(kept), read_s, held)
 
     def _index_key(self, sender: Agent, document: str) -> tuple:
         """What a held index depends on: the sender and its templated prompt (so a changed chat template is a new
-        index), the units (span mode, span, context) and the selector with its parameters (its dataclass repr); not
-        the budget or the fill."""
-        return ("index", sender.uid, sender.model_name, repr(self._selector), self.span_mode, self.span,
-                self.context, text_key(sender.chat_text(SENDER_PROMPT.format(document=document))))
+        index), the units stage and the selector with its parameters (its dataclass repr); not the budget."""
+        return ("index", sender.uid, sender.model_name, repr(self.score._selector), repr(self.units),
+                text_key(sender.chat_text(SENDER_PROMPT.format(document=document))))
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
         picked = [self.pick(sender, doc, question) for sender, doc in self._pair(senders, documents)]

@@ -1,0 +1,325 @@
+"""Scoring stages: (T,) row scores of one sender's held read for a question; higher = send.
+
+    attention(selector='cacheback', params={}, query='turn')   a state selector over the read (the paper's Q·C²)
+    text('bm25', params={}, draft=0)                           a retriever over the document's units, no LLM
+    probe(16, mix='join', of=attention())                      + the sender's own first answer tokens
+    calibrated('generic', floor=0.05, of=attention())          ÷ the scores of a content-free query
+    fuse(attention(), text('dense'), k=60.0)                   reciprocal rank fusion of two scorers' unit ranks
+
+`contrastive()` is calibrated('generic', of=attention(params={'p': 0.0, 'min_depth': 0.5})): deep layers, calibrated.
+Wrappers take what they wrap as `of`; each refuses what it cannot serve (a probe needs attention to pool, a
+calibration scores to divide, a draft a sender that read the document).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from ...select import SELECTORS, TextSelector, fused_row_scores, get_selector, rows_from_units, unit_ranks
+from ...select import unit_row_scores
+from ...select.presses import rerun_seconds
+from ...templates import KV_PROMPT
+from ..calibration import GENERIC_QUESTION, calibrate, masked_question
+from .base import STAGES, Held, Stage
+
+QUERY_FORMATS = ("turn", "raw")  # the question as the receiver's next chat turn, or its tokens alone
+PROBE_MIXES = ("join", "and")  # one query (turn + draft), or √(turn's scores × (turn + draft)'s)
+CALIBRATIONS = ("generic", "masked")  # ÷ a generic question's scores (once per read), or the masked question's
+DEEP = {"p": 0.0, "min_depth": 0.5}  # mean query attention over the deeper half of the layers (contrastive scores)
+
+
+def text_selectors() -> list[str]:
+    return [n for n in SELECTORS.names() if issubclass(SELECTORS[n], TextSelector)]
+
+
+def draft(h: Held, question: str, tokens: int) -> str:
+    """The sender's first `tokens` greedy answer tokens to the question's turn, decoded on its read (which is not
+    changed) once per read, question and length: what the probe and a draft query share."""
+    key = ("probe", h.sender.uid, question, tokens)
+    if key not in h.memo:
+        answer = h.sender.answer_after(h.state, KV_PROMPT.format(question=question), max_new_tokens=tokens)
+        h.memo[key] = h.sender.tokenizer.decode(list(answer.token_ids), skip_special_tokens=True)
+    return h.memo[key]
+
+
+@dataclass(repr=False)
+class Score(Stage):
+    kind = "score"
+    has_mass = True  # scores whose positive mass means something (an adaptive budget reads it)
+    reads_text = False  # scores the document's text: needs per_row and document
+
+    def prepare(self) -> None:
+        """Load what scoring needs (an encoder) before any question's clock; nothing by default."""
+
+    def before_question(self, h: Held) -> None:
+        """Query-blind work on a held read (charged to the read, held with it); nothing by default."""
+
+    def scores(self, h: Held, question: str) -> torch.Tensor:
+        """(T,) row scores of `h` for `question`."""
+        raise NotImplementedError
+
+    def rerun_seconds(self, h: Held) -> float:
+        """Seconds inside the last `scores` a benchmark does not charge (a press's recording re-run)."""
+        return 0.0
+
+    def drafts(self) -> int:
+        """The answer draft's length in tokens that this scorer decodes (0: none)."""
+        return 0
+
+
+@STAGES.register
+@dataclass(repr=False)
+class Attention(Score):
+    """A state selector's scores of the read for the question's query (`query`: "turn" = the receiver's next chat
+    turn asking it, "raw" = its tokens alone)."""
+    name = "attention"
+    positional = True
+    selector: str = "cacheback"
+    params: dict = field(default_factory=dict)
+    query: str = "turn"
+
+    def __post_init__(self):
+        if self.selector in SELECTORS and issubclass(SELECTORS[self.selector], TextSelector):
+            raise self.refuse(f"{self.selector!r} scores text, not a read: use text({self.selector!r})")
+        if self.query not in QUERY_FORMATS:
+            from ...errors import UnknownNameError
+            raise UnknownNameError("attention query format", self.query, QUERY_FORMATS)
+        self._selector = get_selector(self.selector, **self.params)
+        self._selector.check_installed()  # a kvpress selector without the extra: refused before any compute
+        self._windowed: dict = {}
+
+    @property
+    def query_conditioned(self) -> bool:
+        return self._selector.query_conditioned
+
+    def check(self, protocol) -> None:
+        if getattr(protocol, "latent_steps", None) is None:
+            raise self.refuse("scores a sender's read; this protocol has none: use text(...)")
+
+    def query_text(self, sender, question: str) -> str:
+        return sender.continuation_text(KV_PROMPT.format(question=question)) if self.query == "turn" else question
+
+    def selector_for(self, h: Held | None):
+        """The selector that scores `h`: query-aware SnapKV gets the question (the rows after the document) as its
+        observation window, unless `params` fixes `window_size`."""
+        per_row = h.per_row if h is not None else None
+        if not (h is not None and h.query_aware and per_row and hasattr(self._selector, "window_size")
+                and "window_size" not in self.params):
+            return self._selector
+        last = max((i for i, span in enumerate(per_row) if span is not None), default=len(per_row) - 1)
+        window = max(1, len(per_row) - 1 - last)
+        if window not in self._windowed:  # one instance per window: its timing fields stay readable
+            self._windowed[window] = replace(self._selector, window_size=window)
+        return self._windowed[window]
+
+    def score_query(self, h: Held, query: str) -> torch.Tensor:
+        return self.selector_for(h).score(h.sender, h.state, query)
+
+    def scores(self, h: Held, question: str) -> torch.Tensor:
+        return self.score_query(h, self.query_text(h.sender, question))
+
+    def rerun_seconds(self, h: Held) -> float:
+        return rerun_seconds(self.selector_for(h))
+
+    def __getstate__(self):
+        return self.__dict__ | {"_windowed": {}}
+
+
+@STAGES.register
+@dataclass(repr=False)
+class Text(Score):
+    """A retriever's scores of the document's units (each row takes its unit's); with `draft` = n, the query is the
+    question followed by the sender's first n answer tokens (which name whom a pronoun means, in the document's
+    words)."""
+    name = "text"
+    positional = True
+    selector: str = "bm25"
+    params: dict = field(default_factory=dict)
+    draft: int = 0
+    reads_text = True
+
+    def __post_init__(self):
+        if self.selector not in text_selectors():
+            from ...errors import UnknownNameError
+            raise UnknownNameError("text selector", self.selector, text_selectors())
+        if isinstance(self.draft, bool) or not isinstance(self.draft, int) or self.draft < 0:
+            raise self.refuse(f"draft must be an int ≥ 0 (answer tokens the sender decodes), got {self.draft!r}")
+        self._selector = get_selector(self.selector, **self.params)
+
+    def check(self, protocol) -> None:
+        if self.draft and getattr(protocol, "latent_steps", None) is None:
+            raise self.refuse("the draft is decoded by a sender on its read; this protocol's senders read nothing")
+
+    def drafts(self) -> int:
+        return self.draft
+
+    def prepare(self) -> None:
+        self._selector.prepare()
+
+    def query(self, h: Held, question: str) -> str:
+        return question if not self.draft else f"{question} {draft(h, question, self.draft)}"
+
+    def scores(self, h: Held, question: str) -> torch.Tensor:
+        if h.per_row is None or h.document is None:
+            raise ValueError(f"selector {self.selector!r} scores the document's text: pass per_row and document")
+        query = self.query(h, question)
+        if h.index is None:
+            return unit_row_scores(self._selector, query, h.per_row, h.document, h.n_rows, h.units, h.device)
+        unit_scores = (self._selector.score_index(h.index, query) if h.units
+                       else torch.zeros(0, dtype=torch.float64, device=h.device))  # (U,)
+        return rows_from_units(unit_scores, h.units, h.n_rows, h.device)
+
+
+def _attention_of(stage: Stage, what: str) -> Attention:
+    """The query-conditioned attention scorer a wrapper reads through (itself maybe wrapped by a probe)."""
+    inner = stage.of.of if isinstance(stage.of, Probe) else stage.of
+    if not isinstance(inner, Attention) or not inner.query_conditioned:
+        raise stage.refuse(f"{what} needs a query-conditioned state selector's scores, not {stage.of!r}")
+    return inner
+
+
+@STAGES.register
+@dataclass(repr=False)
+class Probe(Score):
+    """The sender decodes its first `tokens` greedy answer tokens on its read (not kept, not sent), and their
+    attention joins the question's: the rows a model reads as it starts to answer. `mix`: "join" = one query, the
+    turn then the draft; "and" = √(turn's scores × joined scores), a row read for the question and while answering."""
+    name = "probe"
+    positional = True
+    tokens: int = 16
+    mix: str = "join"
+    of: Stage = field(default_factory=Attention)
+
+    def __post_init__(self):
+        if isinstance(self.tokens, bool) or not isinstance(self.tokens, int) or self.tokens < 1:
+            raise self.refuse(f"tokens must be an int ≥ 1 (answer tokens decoded to score with), got {self.tokens!r}")
+        if self.mix not in PROBE_MIXES:
+            from ...errors import UnknownNameError
+            raise UnknownNameError("probe mix", self.mix, PROBE_MIXES)
+        if _attention_of(self, "probe") is not self.of:
+            raise self.refuse("wraps attention(...) directly")
+        if self.of.query != "turn":
+            raise self.refuse("decodes the sender's answer to the question's turn: it needs attention(query='turn')")
+
+    def check(self, protocol) -> None:
+        self.of.check(protocol)
+
+    def drafts(self) -> int:
+        return self.tokens
+
+    def query_for(self, h: Held, question: str) -> str:
+        return self.of.query_text(h.sender, question) + draft(h, question, self.tokens)
+
+    def scores(self, h: Held, question: str) -> torch.Tensor:
+        scores = self.of.score_query(h, self.query_for(h, question))
+        if self.mix == "and":
+            scores = (scores * self.of.score_query(h, self.of.query_text(h.sender, question))).sqrt()
+        return scores
+
+    def rerun_seconds(self, h: Held) -> float:
+        return self.of.rerun_seconds(h)
+
+
+@STAGES.register
+@dataclass(repr=False)
+class Calibrated(Score):
+    """Background calibration: the question's scores ÷ those of a content-free query, floored at κ·mean
+    (`calibrate`): "generic" = a generic question, scored once per held read; "masked" = the question with its
+    content words replaced (one more pass per question)."""
+    name = "calibrated"
+    positional = True
+    background: str = "generic"
+    floor: float = 0.05
+    of: Stage = field(default_factory=Attention)
+
+    def __post_init__(self):
+        if self.background not in CALIBRATIONS:
+            from ...errors import UnknownNameError
+            raise UnknownNameError("calibration", self.background, CALIBRATIONS)
+        if not self.floor > 0:
+            raise self.refuse(f"floor must be > 0, got {self.floor!r}")
+        _attention_of(self, "calibration")
+
+    def check(self, protocol) -> None:
+        self.of.check(protocol)
+
+    def drafts(self) -> int:
+        return self.of.drafts()
+
+    def before_question(self, h: Held) -> None:
+        self.generic(h)
+
+    def generic(self, h: Held) -> torch.Tensor | None:
+        """(T,) the generic background of a held read (None under "masked"), scored once and kept in its memo."""
+        if self.background != "generic":
+            return None
+        key = ("background", h.sender.uid, repr(self.of))
+        if key not in h.memo:
+            h.memo[key] = self.of.scores(h, GENERIC_QUESTION)
+        return h.memo[key]
+
+    def scores(self, h: Held, question: str) -> torch.Tensor:
+        scores = self.of.scores(h, question)
+        background = self.generic(h) if self.background == "generic" else self.of.scores(h, masked_question(question))
+        return calibrate(scores, background, self.floor)
+
+    def rerun_seconds(self, h: Held) -> float:
+        return self.of.rerun_seconds(h)
+
+
+@STAGES.register
+@dataclass(repr=False)
+class Fuse(Score):
+    """Reciprocal rank fusion of two scorers' unit ranks (constant `k`): attention breaks the ties word overlap
+    cannot (whose "she"), a retriever finds what a small model's attention misses (paraphrase)."""
+    name = "fuse"
+    positional = True
+    first: Stage = field(default_factory=Attention)
+    second: Stage = field(default_factory=lambda: Text("dense"))
+    k: float = 60.0
+    has_mass = False  # rank-fused scores are near flat: their mass means nothing
+
+    def __post_init__(self):
+        for part in (self.first, self.second):
+            if not isinstance(part, Score) or isinstance(part, Fuse):
+                raise self.refuse(f"fuses two scorers (not fusions), got {part!r}")
+        if not self.k > 0:
+            raise self.refuse(f"k must be > 0, got {self.k!r}")
+
+    @property
+    def reads_text(self) -> bool:
+        return self.first.reads_text or self.second.reads_text
+
+    def check(self, protocol) -> None:
+        self.first.check(protocol)
+        self.second.check(protocol)
+
+    def drafts(self) -> int:
+        return max(self.first.drafts(), self.second.drafts())
+
+    def prepare(self) -> None:
+        self.second.prepare()
+        self.first.prepare()
+
+    def before_question(self, h: Held) -> None:
+        self.first.before_question(h)
+        self.second.before_question(h)
+
+    def scores(self, h: Held, question: str) -> torch.Tensor:
+        second = self.second.scores(h, question)
+        first = self.first.scores(h, question)
+        return fused_row_scores([unit_ranks(first, h.units), unit_ranks(second, h.units)], h.units, h.n_rows,
+                                self.k, h.device)
+
+    def rerun_seconds(self, h: Held) -> float:
+        return self.first.rerun_seconds(h) + self.second.rerun_seconds(h)
+
+
+def contrastive(floor: float = 0.05, query: str = "turn") -> Calibrated:
+    """Contrastive CacheBack: mean query attention over the deeper half of the layers, generic-calibrated."""
+    return Calibrated("generic", floor, Attention("cacheback", dict(DEEP), query))
+
+
+SCORES = {"attention": Attention, "text": Text, "probe": Probe, "calibrated": Calibrated, "fuse": Fuse,
+          "contrastive": contrastive}
