@@ -8,7 +8,7 @@ selector scores that one state; each ratio r keeps B = ceil(T/r) rows in spans o
 evidence tokens kept ÷ gold evidence tokens, pooled per episode; tables give the mean over episodes
 and its 95% bootstrap CI. `cacheback[unrelated q]` is the query ablation: CacheBack scored with
 another episode's question; `cacheback+generic` / `cacheback+masked` are the background-calibrated
-variants (`CacheBack.calibration`). Also reports the share of the sender's time spent scoring +
+variants (a `calibrated(...)` score stage). Also reports the share of the sender's time spent scoring +
 selecting. Writes docs/results/evidence_recall_<task>[_<filters>]_<model>.{md,json,png} (a task given
 as a file path is named by its file stem).
 """

@@ -46,7 +46,7 @@ from latentwire.protocols import get_protocol  # noqa: E402
 from latentwire.protocols.reads import shared_reads  # noqa: E402
 from latentwire.bench.tasks import TASKS  # noqa: E402
 from latentwire.protocols.cacheback import SCORING_PRESETS, CacheBack, document_rows, kept_document_spans  # noqa: E402
-from latentwire.select import (SPAN, TextSelector, always_kept, fanin_budget,  # noqa: E402
+from latentwire.select import (SPAN, always_kept, fanin_budget,  # noqa: E402
                                fused_row_scores, select_rows, span_units, sentence_groups, unit_ranks, unit_row_scores)
 
 OUT = Path(__file__).resolve().parents[1] / "docs" / "results" / "rival"
@@ -137,12 +137,12 @@ def recall_row(agent: Agent, ep) -> dict:
         protos = {sel: CacheBack.variant(sel, latent_steps=8) for sel in RECALL_SELECTORS}
         protos[CONTRASTIVE] = CacheBack.variant(CONTRASTIVE, latent_steps=8)
         attention = {sel: p.scores(agent, state, ep.question) for sel, p in protos.items()
-                     if not isinstance(p._selector, TextSelector)}
+                     if p.attention is not None}
         for mode in MODES:
             groups = sentence_groups(per_row, doc, 2 * SPAN) if mode == "sentence" else None
             units = span_units(keep, eligible, SPAN, groups)
             scores = {sel: attention[sel] if sel in attention else unit_row_scores(
-                p._selector, ep.question, per_row, doc, len(state), units, state.device) for sel, p in protos.items()}
+                p.score._selector, ep.question, per_row, doc, len(state), units, state.device) for sel, p in protos.items()}
             for a_sel, t_sel in FUSED:
                 scores[f"{a_sel}⊕{t_sel}"] = fused_row_scores([unit_ranks(scores[a_sel], units),
                                                               unit_ranks(scores[t_sel], units)], units, len(state),

@@ -34,7 +34,7 @@ OUT = Path(__file__).resolve().parents[1] / "docs" / "results"
 def measure(agent: Agent, tokens: int, reps: int, latent_steps: int) -> dict:
     ep = facts_episodes(seed=tokens, n=1, tokens=tokens, senders=1, hops=1)[0]
     doc, selector, cb = ep.contexts[0], get_selector("cacheback"), CacheBack(latent_steps=0)
-    query = cb.query_text(agent, ep.question)
+    query = cb.attention.query_text(agent, ep.question)
     ids = agent.ids(agent.tokenizer(query, add_special_tokens=False)["input_ids"])
     prefill, score, floor = [], [], []
     for _ in range(reps):

@@ -226,8 +226,8 @@ def test_ablation_variants_set_protocol_scoring_fields_on_fresh_dev_episodes(tmp
     from latentwire.bench.episode import Episode, Span
 
     reader = ablations.variant_reader({"p": 0, "min_depth": 0.5, "calibration": "generic", "probe": 4}, 2, "sentence")
-    assert (reader.calibration, reader.probe, reader.latent_steps) == ("generic", 4, 2)
-    assert reader.selector_params == {"p": 0, "min_depth": 0.5}
+    assert (reader.flat["calibration"], reader.flat["probe"], reader.latent_steps) == ("generic", 4, 2)
+    assert reader.flat["selector_params"] == {"p": 0, "min_depth": 0.5}
     doc = "Ada led Orion in Lisbon. She drinks tea.\nBo led Vega in Oslo. He drinks coffee."
     asked = []
 

@@ -60,7 +60,7 @@ def fitted(models, tokenizer, merged):
 
 # -- same model: the spans are the rows CacheBack sends ---------------------------------------------
 def test_cacheback_defaults_are_unchanged():
-    assert cacheback.ENCODINGS == ("rows", "token_ids", "kv", "kv_reencoded", "kv_blend") and CacheBack().encoding == "rows"
+    assert cacheback.ENCODINGS == ("rows", "token_ids", "kv", "kv_reencoded", "kv_blend") and CacheBack().encoding.name == "rows"
     base, x = CacheBack(), CacheBackX()
     assert x.delivery == "spans" and x.latent_map is None
     for f in dataclasses.fields(CacheBack):

@@ -5,6 +5,7 @@ import torch
 from latentwire.errors import UnknownNameError
 from latentwire.protocols.calibration import GENERIC_QUESTION, calibrate, masked_question
 from latentwire.protocols.cacheback import CacheBack, document_rows
+from latentwire.protocols.stages import Probe, Sentences
 from latentwire.select import always_kept, fanin_budget, select_rows
 from latentwire.select.cacheback import cacheback_scores
 
@@ -52,12 +53,12 @@ def test_generic_background_is_scored_once_per_stored_state(agent_for):
     doc = "The blue crate holds 58 bolts. The red crate holds 12 nails. The green crate is empty."
     state = cb.read(agent, doc)
     seen = []
-    score = cb._selector.score
-    cb._selector.score = lambda a, s, q: seen.append(q) or score(a, s, q)
+    score = cb.attention._selector.score
+    cb.attention._selector.score = lambda a, s, q: seen.append(q) or score(a, s, q)
     _, eligible = document_rows(agent, doc, len(state))
     first = cb.choose(agent, state, "How many bolts?", eligible)
     cb.choose(agent, state, "How many nails?", eligible)
-    background = cb.query_text(agent, GENERIC_QUESTION)
+    background = cb.attention.query_text(agent, GENERIC_QUESTION)
     assert seen.count(background) == 1 and len(seen) == 3  # two questions + one background, not two
     assert first.numel() > 0
     other = cb.read(agent, doc)  # another stored state gets its own background
@@ -74,7 +75,7 @@ def test_calibration_changes_the_selection_only_through_the_scores(agent_for):
     assert a.shape == b.shape == (len(state),) and bool(torch.isfinite(b).all()) and not torch.equal(a, b)
     # masked = the plain scores over those of the masked question, floored (`calibrate`), nothing else
     background = plain.scores(agent, state, masked_question("How many bolts?"))
-    assert torch.equal(b, calibrate(a, background, masked.calibration_floor))
+    assert torch.equal(b, calibrate(a, background, masked.score.floor))
     _, eligible = document_rows(agent, doc, len(state))
     want = select_rows(b, fanin_budget(len(state), 4), always_kept(state), masked.span, eligible)
     assert torch.equal(masked.choose(agent, state, "How many bolts?", eligible), want)
@@ -125,34 +126,36 @@ def test_question_aware_snapkv_observes_the_question_not_the_document_tail(agent
     state = cb.read(agent, doc, question)
     per_row, _ = document_rows(agent, doc, len(state), cb.sender_prompt(doc, question))
     after_doc = len(per_row) - 1 - max(i for i, span in enumerate(per_row) if span is not None)
-    assert cb.selector_for(per_row).window_size == after_doc < 64  # the question and the template's tail
-    assert cb.selector_for(per_row) is cb.selector_for(per_row)  # one instance: its timings stay readable
-    assert cb.selector_for(None) is cb._selector
+    held = cb.held(agent, state, per_row=per_row)
+    assert cb.attention.selector_for(held).window_size == after_doc < 64  # the question and the template's tail
+    assert cb.attention.selector_for(held) is cb.attention.selector_for(held)  # one instance: its timings readable
+    assert cb.attention.selector_for(None) is cb.attention._selector
     # SnapKV marks its window's rows max + 1: with the question as window, no document row is among them
     scores = cb.scores(agent, state, question, per_row)
     window_rows = torch.arange(len(per_row) - after_doc, len(per_row))
     assert bool((scores[window_rows] == scores.max()).all())
     assert float(scores[: len(per_row) - after_doc].max()) < float(scores.max())
     fixed = CacheBack(ratio=4, latent_steps=0, selector="snapkv", query_aware=True, selector_params={"window_size": 64})
-    assert fixed.selector_for(per_row).window_size == 64  # an explicit window is kept
+    assert fixed.attention.selector_for(held).window_size == 64  # an explicit window is kept
 
 
 def test_variant_names():
     cb = CacheBack.variant("cacheback+masked/sentence", ratio=4)
-    assert (cb.selector, cb.calibration, cb.span_mode, cb.ratio) == ("cacheback", "masked", "sentence", 4)
-    assert CacheBack.variant("bm25").calibration == "none"
+    flat = cb.flat
+    assert (flat["selector"], flat["calibration"], flat["span_mode"], cb.ratio) == ("cacheback", "masked", "sentence", 4)
+    assert CacheBack.variant("bm25").flat["calibration"] == "none"
     with pytest.raises(UnknownNameError):
         CacheBack.variant("cacheback/lines")
     deep = CacheBack.variant("cacheback@deep+generic/sentence", ratio=8)  # contrastive CacheBack, as rival names it
-    assert (deep.selector, deep.calibration, deep.span_mode) == ("cacheback", "generic", "sentence")
-    assert deep.selector_params == {"p": 0.0, "min_depth": 0.5} and deep._selector.min_depth == 0.5
+    assert (deep.selector, deep.flat["calibration"], deep.flat["span_mode"]) == ("cacheback", "generic", "sentence")
+    assert deep.flat["selector_params"] == {"p": 0.0, "min_depth": 0.5} and deep.attention._selector.min_depth == 0.5
     with pytest.raises(UnknownNameError, match="valid: deep"):
         CacheBack.variant("cacheback@shallow")
     merged = CacheBack.variant("cacheback@deep", selector_params={"p": 1.0})  # explicit parameters win, preset kept
-    assert merged.selector_params == {"p": 1.0, "min_depth": 0.5}
+    assert merged.flat["selector_params"] == {"p": 1.0, "min_depth": 0.5}
     probed = CacheBack.variant("cacheback/sentence:probe=16:context=lead", ratio=8)  # fields after ':'
-    assert (probed.probe, probed.context, probed.span_mode, probed.ratio) == (16, "lead", "sentence", 8)
-    assert CacheBack.variant("cacheback:probe=4", probe=2).probe == 2  # keywords win over the name
+    assert (probed.score, probed.units, probed.ratio) == (Probe(16), Sentences(context="lead"), 8)
+    assert CacheBack.variant("cacheback:probe=4", probe=2).score == Probe(2)  # keywords win over the name
     with pytest.raises(ValueError, match="FIELD=VALUE"):
         CacheBack.variant("cacheback:probe")
     with pytest.raises(ValueError, match="probe"):  # the field's own validation still runs
@@ -166,12 +169,13 @@ def test_the_generic_background_is_part_of_the_read_not_of_the_question(agent_fo
 
     agent = agent_for("qwen2")
     cb = CacheBack(ratio=4, latent_steps=1, calibration="generic")
-    background = cb.background
-    cb.background = lambda a, s: time.sleep(0.2) or background(a, s)
+    background = cb.score.generic
+    cb.score.generic = lambda h: time.sleep(0.2) or background(h)
     doc = "The blue crate holds 58 bolts. The red crate holds 12 nails."
     out = cb.run([agent], [doc], agent, "How many bolts?")
     timing = out.details["senders"][0]
     assert timing["background_s"] >= 0.2 and timing["read_s"] >= timing["background_s"]
     assert out.tteoa - out.question_tteoa == pytest.approx(timing["read_s"], abs=1e-9)
     assert out.sender_seconds[0] == pytest.approx(timing["read_s"] + timing["select_s"], abs=1e-9)
-    assert CacheBack(calibration="none").background(agent, cb.read(agent, doc)) is None
+    masked = CacheBack(calibration="masked")
+    assert masked.score.generic(masked.held(agent, cb.read(agent, doc))) is None  # masked: nothing before a question

@@ -67,12 +67,12 @@ def test_zero_latent_steps_keep_only_the_first_row(agent):
 def test_a_small_budget_drops_inherited_latent_rows_but_never_the_hops_own(agent):
     proto = chain(budget="fixed", max_rows=4)
     message, origins, _ = proto.hop(agent, DOCS[0], 0, QUESTION, None, [])
-    proto._selector = Scores(latent=-1.0)  # inherited latent rows score below every token row
+    proto.score._selector = Scores(latent=-1.0)  # inherited latent rows score below every token row
     out, out_origins, info = proto.hop(agent, DOCS[1], 1, QUESTION, message, list(origins))
     assert info["budget"] == 4 and info["sent"] == 4 + 1 + G
     assert int((out.token_ids == -1).sum()) == G  # the hop's own latent rows only: the inherited ones dropped
     assert torch.equal(out.token_ids[-G:].cpu(), torch.full((G,), -1))
-    proto._selector = Scores(latent=9.0)  # now they outrank every token row: they win the budget
+    proto.score._selector = Scores(latent=9.0)  # now they outrank every token row: they win the budget
     out, _, info = proto.hop(agent, DOCS[1], 1, QUESTION, message, list(origins))
     assert int((out.token_ids == -1).sum()) == 2 * G and info["sent"] == 4 + 1 + G
 

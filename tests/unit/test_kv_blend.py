@@ -155,7 +155,7 @@ def test_recompute_is_validated_named_and_only_where_it_applies():
     assert CacheBack(encoding="kv_reencoded", recompute=0.2).recompute_share == 0.2
     (name, params), = parse_protocols("cacheback(ratio=4, encoding='kv_blend', mass=0.5, recompute=0.3)").values()
     named = get_protocol(name, **params)
-    assert (named.encoding, named.mass, named.recompute_share) == ("kv_blend", 0.5, 0.3)
+    assert (named.encoding.name, named.flat["mass"], named.recompute_share) == ("kv_blend", 0.5, 0.3)
     with pytest.raises(ConfigError):
         get_protocol("cacheback_chain", encoding="kv_blend")
 

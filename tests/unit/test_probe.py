@@ -7,7 +7,8 @@ import torch
 from latentwire.agent import KV_PROMPT
 from latentwire.errors import ConfigError, UnknownNameError
 from latentwire.protocols import get_protocol
-from latentwire.protocols.cacheback import GENERIC_QUESTION, CacheBack
+from latentwire.protocols.cacheback import CacheBack
+from latentwire.protocols.calibration import GENERIC_QUESTION
 
 DOC = "The blue crate holds 58 bolts. The red crate holds 12 nails. The green crate is empty."
 QUESTION = "How many bolts are in the blue crate?"
@@ -21,11 +22,11 @@ def test_probe_scores_the_question_turn_then_the_senders_own_greedy_answer(agent
     keys = [layer.keys.clone() for layer in state.layers]
     answer = agent.answer_after(state, KV_PROMPT.format(question=QUESTION), max_new_tokens=5)
     probe = agent.tokenizer.decode(list(answer.token_ids), skip_special_tokens=True)
-    query = cb.query_for(agent, state, QUESTION)
-    assert query == cb.query_text(agent, QUESTION) + probe
+    query = cb.score.query_for(cb.held(agent, state), QUESTION)
+    assert query == cb.attention.query_text(agent, QUESTION) + probe
     assert 0 < len(answer.token_ids) <= 5
     # the scores are the selector's on that text: no other change to CacheBack
-    assert torch.equal(cb.scores(agent, state, QUESTION), cb._selector.score(agent, state, query))
+    assert torch.equal(cb.scores(agent, state, QUESTION), cb.attention._selector.score(agent, state, query))
     # decoding the probe leaves the stored state as it was (follow-up questions score the same state)
     assert all(torch.equal(k, layer.keys) for k, layer in zip(keys, state.layers))
     assert torch.equal(cb.scores(agent, state, QUESTION), cb.scores(agent, state, QUESTION))  # deterministic
@@ -37,7 +38,7 @@ def test_probe_zero_is_todays_cacheback(agent_for):
     agent = agent_for("llama")
     state = CacheBack(latent_steps=1).read(agent, DOC)
     plain, zero = CacheBack(latent_steps=1), CacheBack(latent_steps=1, probe=0)
-    assert zero.query_for(agent, state, QUESTION) == plain.query_text(agent, QUESTION)
+    assert zero.score == plain.score and zero.said(agent, state, QUESTION) is None
     assert torch.equal(zero.scores(agent, state, QUESTION), plain.scores(agent, state, QUESTION))
 
 
@@ -46,13 +47,13 @@ def test_probe_with_generic_calibration_probes_the_background_once_per_state(age
     cb = CacheBack(ratio=4, latent_steps=0, calibration="generic", probe=3)
     state = cb.read(agent, DOC)
     seen = []
-    score = cb._selector.score
-    cb._selector.score = lambda a, s, q: seen.append(q) or score(a, s, q)
+    score = cb.attention._selector.score
+    cb.attention._selector.score = lambda a, s, q: seen.append(q) or score(a, s, q)
     cb.scores(agent, state, QUESTION)
     cb.scores(agent, state, "How many nails?")
-    background = cb.query_for(agent, state, GENERIC_QUESTION)
+    background = cb.score.of.query_for(cb.held(agent, state), GENERIC_QUESTION)
     assert seen.count(background) == 1  # the background is probed too, and scored once for both questions
-    assert background.startswith(cb.query_text(agent, GENERIC_QUESTION))
+    assert background.startswith(cb.attention.query_text(agent, GENERIC_QUESTION))
 
 
 def test_probe_runs_end_to_end_one_decode_per_sender(agent_for):
@@ -71,7 +72,7 @@ def test_probe_runs_end_to_end_one_decode_per_sender(agent_for):
 
 def test_a_probed_protocol_pickles(agent_for):
     cb = CacheBack(probe=6, calibration="generic")
-    assert pickle.loads(pickle.dumps(cb)).probe == 6
+    assert pickle.loads(pickle.dumps(cb)).flat["probe"] == 6 and pickle.loads(pickle.dumps(cb)).score == cb.score
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
@@ -79,10 +80,10 @@ def test_probe_mix_and_is_the_geometric_mean_of_the_turns_and_the_joined_querys_
     agent = agent_for(arch)
     joined, both = CacheBack(ratio=4, latent_steps=1, probe=4), CacheBack(ratio=4, latent_steps=1, probe=4, probe_mix="and")
     state = joined.read(agent, DOC)
-    turn = both._selector.score(agent, state, both.query_text(agent, QUESTION))
+    turn = both.attention._selector.score(agent, state, both.attention.query_text(agent, QUESTION))
     want = (joined.scores(agent, state, QUESTION) * turn).sqrt()
     assert torch.allclose(both.scores(agent, state, QUESTION), want, rtol=0, atol=0)
-    assert both.query_for(agent, state, QUESTION) == joined.query_for(agent, state, QUESTION)  # the same probe text
+    assert both.said(agent, state, QUESTION) == joined.said(agent, state, QUESTION)  # the same probe text
     assert not torch.equal(both.scores(agent, state, QUESTION), joined.scores(agent, state, QUESTION))
 
 
@@ -90,10 +91,11 @@ def test_probe_mix_and_mixes_the_generic_background_the_same_way(agent_for):
     agent = agent_for("qwen2")
     cb = CacheBack(ratio=4, latent_steps=0, calibration="generic", probe=3, probe_mix="and")
     state = cb.read(agent, DOC)
-    probed = cb.query_for(agent, state, GENERIC_QUESTION)
-    want = (cb._selector.score(agent, state, probed)
-            * cb._selector.score(agent, state, cb.query_text(agent, GENERIC_QUESTION))).sqrt()
-    assert torch.equal(cb.background(agent, state), want)
+    probed = cb.score.of.query_for(cb.held(agent, state), GENERIC_QUESTION)
+    selector, attention = cb.attention._selector, cb.attention
+    want = (selector.score(agent, state, probed)
+            * selector.score(agent, state, attention.query_text(agent, GENERIC_QUESTION))).sqrt()
+    assert torch.equal(cb.score.generic(cb.held(agent, state)), want)
 
 
 @pytest.mark.parametrize("fields", [{"probe": -1}, {"probe": 1.5}, {"probe": True},
@@ -135,7 +137,7 @@ def test_draft_query_lets_word_overlap_find_what_the_sender_said(agent_for, fuse
     plain = CacheBack(**{**fields, "probe": 4 if fuse else 0})
     state = draft.read(agent, CRATES)
     for cb in (plain, draft):  # a random-weight model's draft is noise: pin it to what a sender would say
-        cb.said = lambda sender, st, q: "Vera grew up in Halifax."
+        cb.held(agent, state).memo[("probe", agent.uid, question, 4)] = "Vera grew up in Halifax."
     assert "Halifax" in _chosen_text(draft, agent, state, question)
     assert "Halifax" not in _chosen_text(plain, agent, state, question)
 
@@ -163,5 +165,5 @@ def test_bad_draft_settings_are_typed_errors(fields, error):
 
 def test_bm25_with_a_draft_is_allowed_and_pickles():
     cb = CacheBack(selector="bm25", probe=8, text_query="draft")
-    assert pickle.loads(pickle.dumps(cb)).text_query == "draft"
-    assert get_protocol("cacheback", probe=16, fuse="bm25", text_query="draft").text_query == "draft"
+    assert pickle.loads(pickle.dumps(cb)).flat["text_query"] == "draft"
+    assert get_protocol("cacheback", probe=16, fuse="bm25", text_query="draft").flat["text_query"] == "draft"

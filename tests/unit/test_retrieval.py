@@ -396,7 +396,7 @@ def test_document_rows_skip_a_system_prompt_and_a_question_that_hold_the_documen
         start = text.index("Read this document.\n\n") + len("Read this document.\n\n")
         per_row, _ = document_rows(agent, document, 200, prompt)
         assert _document_rows_at(per_row) == _expected_rows(agent, text, start, document)
-    assert Retrieval(selector="lexical").units(agent, document).per_row == document_rows(agent, document, 200)[0]
+    assert Retrieval(selector="lexical").units_of(agent, document).per_row == document_rows(agent, document, 200)[0]
 
 
 def test_document_rows_refuse_a_prompt_where_the_document_is_ambiguous_or_altered(agent_for, models):

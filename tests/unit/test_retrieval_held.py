@@ -11,6 +11,7 @@ from latentwire.errors import UnknownNameError
 from latentwire.protocols import get_protocol
 from latentwire.protocols import retrieval
 from latentwire.protocols.reads import HeldReads, held_value, shared_reads
+from latentwire.protocols.stages import units
 from latentwire.protocols.retrieval import Retrieval
 from latentwire.select import bm25, dense, get_selector
 
@@ -83,8 +84,8 @@ def test_held_reads_build_each_index_once_across_questions(agent_for, monkeypatc
     agent = agent_for("llama")
     protocol = Retrieval(selector=selector, ratio=3, read="held")
     built = []
-    original = protocol._selector.index
-    monkeypatch.setattr(protocol._selector, "index", lambda units: (built.append(len(units)), original(units))[1])
+    original = protocol.score._selector.index
+    monkeypatch.setattr(protocol.score._selector, "index", lambda units: (built.append(len(units)), original(units))[1])
     held = HeldReads()
     outs = []
     for q in QUESTIONS:
@@ -108,9 +109,9 @@ def test_a_later_question_does_only_the_question_side_work(agent_for, monkeypatc
     with shared_reads(held):
         protocol.run([agent, agent], [DOC, OTHER], agent, QUESTIONS[0])
     calls = []
-    for name in ("token_document_spans", "sentence_groups"):  # the units: tokenised and cut before the question
-        original = getattr(retrieval, name)
-        monkeypatch.setattr(retrieval, name, lambda *a, _f=original, _n=name, **k: (calls.append(_n), _f(*a, **k))[1])
+    for module, name in ((retrieval, "token_document_spans"), (units, "sentence_groups")):  # before the question
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _f=original, _n=name, **k: (calls.append(_n), _f(*a, **k))[1])
     embedded = []
     original_embed = dense.embed
     monkeypatch.setattr(dense, "embed", lambda texts, *a, **k: (embedded.append(list(texts)),
@@ -119,7 +120,7 @@ def test_a_later_question_does_only_the_question_side_work(agent_for, monkeypatc
         out = protocol.run([agent, agent], [DOC, OTHER], agent, QUESTIONS[1])
     assert calls == [] and out.details["held_index"] == [True, True]
     if selector == "dense":  # one embedding per sender, of the question alone
-        prefix = protocol._selector.query_prefix
+        prefix = protocol.score._selector.query_prefix
         assert embedded == [[prefix + QUESTIONS[1]]] * 2
 
 

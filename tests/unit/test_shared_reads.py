@@ -414,8 +414,8 @@ def test_cacheback_layouts_are_held_apart_where_they_differ(agent_for):
     layouts = {k: v[0] for k, v in held.memo.items() if k[:2] == ("index", "layout")}
     assert held.indexes_computed == len(layouts) == 4  # G = 1 sentences (3 specs), G = 0, fixed spans, query-aware
     for key, (per_row, eligible, groups) in layouts.items():
-        n_rows, span_mode = key[3], key[4]
-        proto = get_protocol("cacheback", latent_steps=1, span_mode=span_mode)
+        n_rows, units = key[3], key[4]  # the units stage's name: "sentences" or "spans"
+        proto = get_protocol("cacheback", latent_steps=1, units=units)
         aware = get_protocol("cacheback", latent_steps=1, query_aware=True)
         prompt = next(p for p in (proto.sender_prompt(docs[0]), aware.sender_prompt(docs[0], q))
                       if text_key(p) == key[6])

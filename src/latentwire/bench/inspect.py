@@ -18,7 +18,7 @@ import torch
 from ..agent import Agent
 from ..errors import LatentWireError
 from ..protocols.cacheback import CacheBack, document_rows
-from ..select import TextSelector, fanin_budget
+from ..select import fanin_budget
 from .episode import Episode
 
 _STYLE = """body{font:13px/1.45 system-ui,sans-serif;margin:16px;color:#222}
@@ -99,7 +99,7 @@ def inspect_episode(agent: Agent, ep: Episode, selectors: list[str], ratio: floa
                      f"<div class=grid style='grid-template-columns:repeat({cols},1fr)'>")
         for name, proto in protos.items():
             rows = proto.choose(agent, state, ep.question, eligible, proto.span_groups(per_row, doc), per_row, doc)
-            text = isinstance(proto._selector, TextSelector)  # lexical, bm25, dense: kept units shaded alike
+            text = proto.attention is None  # lexical, bm25, dense: kept units shaded alike
             scores = torch.ones(len(state), device=state.device) if text else proto.scores(agent, state, ep.question)
             body = _render(doc, _char_marks(doc, rows, scores, per_row), gold)
             summary = html.escape(sent_summary(state, rows, eligible))

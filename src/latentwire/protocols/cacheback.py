@@ -15,20 +15,18 @@ import torch
 
 from ..agent import LATENT_MODES, Agent
 from ..clock import now
-from ..errors import ConfigError, ContextOverflowError, UnknownNameError
+from ..errors import ConfigError, UnknownNameError
 from ..message import Rows
 from ..registry import construct
 from ..select import always_kept
 from ..state import KVState
-from .base import after_first, QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, sender_prompt_lengths
-from .documents import document_rows, kept_document_spans, token_document_spans  # noqa: F401  (re-exported)
+from .base import after_first, QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register
+from .documents import document_rows, kept_document_spans
 from .reads import Read, held_value, read, text_key
-from .stages import (Attention, Calibrated, Encoding, Held, Probe, RowsEncoding, Sentences, Stage, Ratio, draft,
-                     flat_keywords, stage)
-from .stages.score import CALIBRATIONS, PROBE_MIXES, QUERY_FORMATS  # noqa: F401  (re-exported)
-from .stages.spec import SPAN_MODES, TEXT_QUERIES  # noqa: F401  (re-exported)
-from .calibration import GENERIC_QUESTION, calibrate  # noqa: F401  (re-exported)
-from .variants import SCORING_PRESETS, variant_fields  # noqa: F401  (re-exported)
+from .stages import Attention, Held, RowsEncoding, Sentences, Stage, Ratio, draft, flat_keywords, stage, to_flat
+from .stages.wrappers import innermost
+from .variants import SCORING_PRESETS, variant_fields
+from .windows import FanInWindow
 
 ENCODINGS = ("rows", "token_ids", "kv", "kv_reencoded", "kv_blend")  # stages/encoding.py describes each
 KV_ENCODINGS = ("kv", "kv_reencoded", "kv_blend")  # K/V states: attached by the receiver, not re-prefilled
@@ -49,7 +47,7 @@ class Sent:
 @register
 @flat_keywords
 @dataclass
-class CacheBack(Protocol):
+class CacheBack(FanInWindow, Protocol):
     """Each sender sends its best-scoring document rows (B = ceil(T / 8) by default, plus its first and latent rows)
     for the receiver to re-prefill; key parameters: `ratio`, `latent_steps`, `score`, `units`, `encoding`. The flat
     keywords of earlier versions (`probe=16`, `span_mode='fixed'`, ...) build the same stages (stages/spec.py)."""
@@ -87,10 +85,18 @@ class CacheBack(Protocol):
     @property
     def selector(self) -> str:
         """The name of the selector that ranks the rows (the attention scorer's, inside any wrapper)."""
-        inner = self.score
-        while not hasattr(inner, "selector"):
-            inner = getattr(inner, "of", None) or inner.first
-        return inner.selector
+        return innermost(self.score).selector
+
+    @property
+    def attention(self) -> Attention | None:
+        """The attention stage inside the score stage (None: text scores alone)."""
+        inner = innermost(self.score)
+        return inner if isinstance(inner, Attention) else None
+
+    @property
+    def flat(self) -> dict:
+        """The stages as the flat keywords of earlier versions (`to_flat`): {"probe": 16, "span_mode": ...}."""
+        return to_flat(self)
 
     @classmethod
     def variant(cls, spec: str, **fields) -> "CacheBack":
@@ -154,35 +160,6 @@ class CacheBack(Protocol):
         """The units stage's groups for this document: None (fixed spans) or its sentences and lines."""
         return self.units.groups(per_row, document)
 
-    def check_senders(self, senders: Sequence[Agent], documents: Sequence[str], question: str) -> list[int]:
-        """Each sender's prompt length, checked against its window before any sender reads."""
-        pairs = self._pair(senders, documents)
-        return sender_prompt_lengths([s for s, _ in pairs], [self.sender_prompt(d, question) for _, d in pairs],
-                                     self.latent_steps)
-
-    def check_window(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> None:
-        """ContextOverflowError, before any sender reads, unless every sender's read and the largest message the
-        budgets allow fit (per sender `_max_rows` + its first row + G latent rows, then the receiver's prompt and
-        answer; the encoding's own checks, e.g. a sender's re-read of its rows, too)."""
-        prompts = self.check_senders(senders, documents, question)
-        for i, (sender, prompt) in enumerate(zip(senders, prompts)):
-            self.encoding.check_reread(sender, f"sender {i}", self._max_rows(prompt) + 1 + self.latent_steps, question)
-        self.check_receiver_window(prompts, receiver, question)
-
-    def _max_rows(self, prompt: int) -> int:
-        """The most document rows a sender whose prompt has `prompt` rows may send."""
-        return min(self.units.most(self.budget.cap(prompt + self.latent_steps)), prompt - 1)
-
-    def check_receiver_window(self, prompts: Sequence[int], receiver: Agent, question: str) -> None:
-        """The receiver's half of `check_window`, from the senders' prompt lengths (`check_senders`): what a
-        transport checks on the receiver's node before any sender's node reads."""
-        self.encoding.check_receiver(receiver)
-        parts = {"budget_rows": sum(self._max_rows(p) for p in prompts), "first_rows": len(prompts),
-                 "latent_rows": len(prompts) * self.latent_steps,
-                 "prompt": self.encoding.prompt_rows(receiver, question), "max_new_tokens": self.max_new_tokens}
-        if sum(parts.values()) > receiver.context_window:
-            raise ContextOverflowError(sum(parts.values()), receiver.context_window, parts)
-
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
         self.check_window(senders, documents, receiver, question)
         parts, seconds, kept, timing = self.send(senders, documents, question)
@@ -230,13 +207,13 @@ class CacheBack(Protocol):
         self.score.prepare()  # an encoder loads once, before any question's clock
         r = self.sender_read(sender, document, question)
         state, tb = r.state, now(sender.device)
-        self.score.before_question(self.held(sender, state))  # query-blind (a generic background): part of the read
-        background_s = now(sender.device) - tb
+        worked = self.score.before_question(self.held(sender, state))  # query-blind (a background): part of the read
+        background_s = now(sender.device) - tb if worked else 0.0
         # Where the document sits in the read's rows and its units depend on the prompt, not on the question
         # (unless it is in the prompt: query_aware): part of the read, held with it across questions.
         prompt = self.sender_prompt(document, question)
         (per_row, eligible, groups), layout_s, _ = held_value(
-            ("index", "layout", sender.uid, len(state), type(self.units).__name__, self.span, text_key(prompt),
+            ("index", "layout", sender.uid, len(state), self.units.name, self.span, text_key(prompt),
              text_key(document)),  # the agent (uid) fixes its chat template: no render needed to key it
             lambda: self.layout(sender, document, len(state), prompt), sender.device)
         t1 = now(sender.device)
@@ -255,4 +232,5 @@ class CacheBack(Protocol):
         return Sent(part, t2 - t0, kept_document_spans(per_row, rows), timing, state.positions[rows].tolist())
 
 
-__all__ = ["CacheBack", "Sent", "ENCODINGS", "KV_ENCODINGS", "RECOMPUTE", "Calibrated", "Probe", "Encoding"]
+__all__ = ["CacheBack", "Sent", "ENCODINGS", "KV_ENCODINGS", "RECOMPUTE", "SCORING_PRESETS", "document_rows",
+           "kept_document_spans"]

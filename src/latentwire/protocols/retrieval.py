@@ -129,7 +129,8 @@ class Retrieval(Protocol):
     def _index_key(self, sender: Agent, document: str) -> tuple:
         """What a held index depends on: the sender and its templated prompt (so a changed chat template is a new
         index), the units stage and the selector with its parameters (its dataclass repr); not the budget."""
-        return ("index", sender.uid, sender.model_name, repr(self.score._selector), repr(self.units),
+        units = (type(self.units).__name__, self.units.span, getattr(self.units, "context", "none"))  # not fill, floor
+        return ("index", sender.uid, sender.model_name, repr(self.score._selector), units,
                 text_key(sender.chat_text(SENDER_PROMPT.format(document=document))))
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:

@@ -73,7 +73,7 @@ def cacheback_send(node, spec, document: str, question: str, index: int = 0):
         budget = fanin_budget(sent.timing["rows"], p.ratio)
         packed, kept = node.pack(m, protocol=p.name, positions=sent.positions,
                                  selection=Selection(p.selector, budget, p.ratio),
-                                 encoding="token_ids" if p.encoding == "token_ids" else None), sent.kept
+                                 encoding="token_ids" if p.encoding.name == "token_ids" else None), sent.kept
     info = {"seconds": sent.seconds, "timing": sent.timing, "kept": kept, "positions": sent.positions,
             "pack_s": now(agent.device) - t1, "wire_bytes": _wire_len(packed)}
     return packed, info
@@ -87,7 +87,7 @@ def fanin_answer(node, spec, question: str, *packed):
     cacheback_x "translated") are concatenated along the sequence axis and answered over as the protocol's own
     `run` does (`CacheBack.reply`). `unpack_s` times decoding plus joining.
     """
-    from ..protocols.cacheback import KV_ENCODINGS, CacheBack
+    from ..protocols.cacheback import CacheBack
     from ..message import Rows, Spans
     from ..state import KVState
 
@@ -107,7 +107,7 @@ def fanin_answer(node, spec, question: str, *packed):
         out |= {"spans_bytes": sum(b.nbytes for b in bodies), "text_bytes": text_bytes,
                 "text_rows": int((message.token_ids != -1).sum()), "latent_rows": int((message.token_ids == -1).sum())}
     if isinstance(p, CacheBack) and isinstance(message, KVState):
-        if p.encoding in KV_ENCODINGS:  # each sender's serialised state, as CacheBack.run counts it
+        if p.encoding.attached:  # each sender's serialised state, as CacheBack.run counts it
             out |= {"kv_bytes": sum(len(b.to_bytes()) for b in bodies)}
         else:  # cacheback_x "translated": the K/V tensors, as CacheBackX.run counts them
             out |= {"kv_bytes": sum(b.nbytes for b in bodies), "translated_rows": len(message)}
@@ -190,7 +190,7 @@ def chain_hop(node, spec, document: str, index: int, question: str, packed=None,
     out, origins, info = p.hop(node.agent, document, index, question, None if got is None else got.body,
                                list(origins))
     seconds = now(node.agent.device) - t0
-    sent = node.pack(out, protocol=p.name, encoding="token_ids" if p.encoding == "token_ids" else None)
+    sent = node.pack(out, protocol=p.name, encoding="token_ids" if p.encoding.name == "token_ids" else None)
     return sent, {"seconds": seconds, "origins": origins, "info": info, "wire_bytes": _wire_len(sent),
                   "signed_by": None if got is None else key_id(got.signed_by)}
 
@@ -332,7 +332,7 @@ def _run_fanin(t: Transport, spec, kind, send, answer, senders, documents, recei
             if "translated_rows" in got:
                 details |= {"delivery": spec[1]["delivery"], "translated_rows": got["translated_rows"]}
         else:
-            nbytes = got["rows_bytes"] if spec[1]["encoding"] == "rows" else got["token_id_bytes"]
+            nbytes = got["rows_bytes"] if spec[1]["encoding"].name == "rows" else got["token_id_bytes"]
             details |= {"rows_bytes": got["rows_bytes"], "token_id_bytes": got["token_id_bytes"]}
         details |= {"senders": [i["timing"] for i in live], "sent_positions": [i["positions"] for i in live]}
         kept = tuple(() if i is None else tuple(i["kept"]) for i in infos)
@@ -370,7 +370,7 @@ def _run_chain(t: Transport, spec, senders, documents, receiver, question, after
         raise
     hops = t.get_all(infos)
     origins = hops[-1]["origins"]
-    nbytes = got["rows_bytes"] if spec[1]["encoding"] == "rows" else got["token_id_bytes"]
+    nbytes = got["rows_bytes"] if spec[1]["encoding"].name == "rows" else got["token_id_bytes"]
     kept = tuple(tuple(o[1] for o in origins if o and o[0] == k) for k in range(len(documents)))
     details = {"hops": [h["info"] for h in hops], "message_rows": got["message_rows"], "rows_bytes": got["rows_bytes"],
                "token_id_bytes": got["token_id_bytes"], "lost": [], "positions": got["positions"],

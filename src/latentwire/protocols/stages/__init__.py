@@ -10,7 +10,8 @@ Each is a small dataclass validated on its own; each refuses a composition it ca
 from .base import KINDS, STAGES, Held, Stage, stage
 from .budget import Budget, Chain, Mass, Ratio
 from .encoding import KV, Encoding, KVBlend, KVReencoded, RowsEncoding, TokenIds
-from .score import Attention, Calibrated, Fuse, Probe, Score, Text, contrastive, draft
+from .score import Attention, Fuse, Score, Text, draft
+from .wrappers import Calibrated, Probe, contrastive
 from .spec import flat_keywords, from_flat, parse_stage, parse_value, to_flat
 from .units import Sentences, Spans, Units
 

@@ -65,8 +65,8 @@ class Mass(Budget):
             raise self.refuse(f"mass must be in (0, 1], got {self.mass!r}")
         _check_ratio(self, "floor", self.floor)
         if not self.ratio <= self.floor:
-            raise self.refuse(f"floor (a ratio, the fewest rows) must be ≥ ratio (the cap), got floor {self.floor} "
-                              f"with ratio {self.ratio}")
+            raise self.refuse(f"floor (flat: max_ratio, the ratio of the fewest rows) must be ≥ ratio (the cap), got "
+                              f"floor {self.floor} with ratio {self.ratio}")
 
     def check(self, protocol) -> None:
         if not protocol.score.has_mass:

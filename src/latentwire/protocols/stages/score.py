@@ -2,13 +2,10 @@
 
     attention(selector='cacheback', params={}, query='turn')   a state selector over the read (the paper's Q·C²)
     text('bm25', params={}, draft=0)                           a retriever over the document's units, no LLM
-    probe(16, mix='join', of=attention())                      + the sender's own first answer tokens
-    calibrated('generic', floor=0.05, of=attention())          ÷ the scores of a content-free query
     fuse(attention(), text('dense'), k=60.0)                   reciprocal rank fusion of two scorers' unit ranks
 
-`contrastive()` is calibrated('generic', of=attention(params={'p': 0.0, 'min_depth': 0.5})): deep layers, calibrated.
-Wrappers take what they wrap as `of`; each refuses what it cannot serve (a probe needs attention to pool, a
-calibration scores to divide, a draft a sender that read the document).
+The probe and calibration wrap an attention scorer (wrappers.py). Each stage refuses what it cannot serve (a probe
+needs attention to pool, a calibration scores to divide, a draft a sender that read the document).
 """
 from __future__ import annotations
 
@@ -20,7 +17,6 @@ from ...select import SELECTORS, TextSelector, fused_row_scores, get_selector, r
 from ...select import unit_row_scores
 from ...select.presses import rerun_seconds
 from ...templates import KV_PROMPT
-from ..calibration import GENERIC_QUESTION, calibrate, masked_question
 from .base import STAGES, Held, Stage
 
 QUERY_FORMATS = ("turn", "raw")  # the question as the receiver's next chat turn, or its tokens alone
@@ -52,8 +48,9 @@ class Score(Stage):
     def prepare(self) -> None:
         """Load what scoring needs (an encoder) before any question's clock; nothing by default."""
 
-    def before_question(self, h: Held) -> None:
-        """Query-blind work on a held read (charged to the read, held with it); nothing by default."""
+    def before_question(self, h: Held) -> bool:
+        """Query-blind work on a held read (charged to the read, held with it); False: this scorer has none."""
+        return False
 
     def scores(self, h: Held, question: str) -> torch.Tensor:
         """(T,) row scores of `h` for `question`."""
@@ -95,7 +92,8 @@ class Attention(Score):
 
     def check(self, protocol) -> None:
         if getattr(protocol, "latent_steps", None) is None:
-            raise self.refuse("scores a sender's read; this protocol has none: use text(...)")
+            raise self.refuse(f"scores a sender's read; this protocol has none: use a text selector, "
+                              f"text(...) of {', '.join(text_selectors())}")
 
     def query_text(self, sender, question: str) -> str:
         return sender.continuation_text(KV_PROMPT.format(question=question)) if self.query == "turn" else question
@@ -171,103 +169,6 @@ class Text(Score):
         return rows_from_units(unit_scores, h.units, h.n_rows, h.device)
 
 
-def _attention_of(stage: Stage, what: str) -> Attention:
-    """The query-conditioned attention scorer a wrapper reads through (itself maybe wrapped by a probe)."""
-    inner = stage.of.of if isinstance(stage.of, Probe) else stage.of
-    if not isinstance(inner, Attention) or not inner.query_conditioned:
-        raise stage.refuse(f"{what} needs a query-conditioned state selector's scores, not {stage.of!r}")
-    return inner
-
-
-@STAGES.register
-@dataclass(repr=False)
-class Probe(Score):
-    """The sender decodes its first `tokens` greedy answer tokens on its read (not kept, not sent), and their
-    attention joins the question's: the rows a model reads as it starts to answer. `mix`: "join" = one query, the
-    turn then the draft; "and" = √(turn's scores × joined scores), a row read for the question and while answering."""
-    name = "probe"
-    positional = True
-    tokens: int = 16
-    mix: str = "join"
-    of: Stage = field(default_factory=Attention)
-
-    def __post_init__(self):
-        if isinstance(self.tokens, bool) or not isinstance(self.tokens, int) or self.tokens < 1:
-            raise self.refuse(f"tokens must be an int ≥ 1 (answer tokens decoded to score with), got {self.tokens!r}")
-        if self.mix not in PROBE_MIXES:
-            from ...errors import UnknownNameError
-            raise UnknownNameError("probe mix", self.mix, PROBE_MIXES)
-        if _attention_of(self, "probe") is not self.of:
-            raise self.refuse("wraps attention(...) directly")
-        if self.of.query != "turn":
-            raise self.refuse("decodes the sender's answer to the question's turn: it needs attention(query='turn')")
-
-    def check(self, protocol) -> None:
-        self.of.check(protocol)
-
-    def drafts(self) -> int:
-        return self.tokens
-
-    def query_for(self, h: Held, question: str) -> str:
-        return self.of.query_text(h.sender, question) + draft(h, question, self.tokens)
-
-    def scores(self, h: Held, question: str) -> torch.Tensor:
-        scores = self.of.score_query(h, self.query_for(h, question))
-        if self.mix == "and":
-            scores = (scores * self.of.score_query(h, self.of.query_text(h.sender, question))).sqrt()
-        return scores
-
-    def rerun_seconds(self, h: Held) -> float:
-        return self.of.rerun_seconds(h)
-
-
-@STAGES.register
-@dataclass(repr=False)
-class Calibrated(Score):
-    """Background calibration: the question's scores ÷ those of a content-free query, floored at κ·mean
-    (`calibrate`): "generic" = a generic question, scored once per held read; "masked" = the question with its
-    content words replaced (one more pass per question)."""
-    name = "calibrated"
-    positional = True
-    background: str = "generic"
-    floor: float = 0.05
-    of: Stage = field(default_factory=Attention)
-
-    def __post_init__(self):
-        if self.background not in CALIBRATIONS:
-            from ...errors import UnknownNameError
-            raise UnknownNameError("calibration", self.background, CALIBRATIONS)
-        if not self.floor > 0:
-            raise self.refuse(f"floor must be > 0, got {self.floor!r}")
-        _attention_of(self, "calibration")
-
-    def check(self, protocol) -> None:
-        self.of.check(protocol)
-
-    def drafts(self) -> int:
-        return self.of.drafts()
-
-    def before_question(self, h: Held) -> None:
-        self.generic(h)
-
-    def generic(self, h: Held) -> torch.Tensor | None:
-        """(T,) the generic background of a held read (None under "masked"), scored once and kept in its memo."""
-        if self.background != "generic":
-            return None
-        key = ("background", h.sender.uid, repr(self.of))
-        if key not in h.memo:
-            h.memo[key] = self.of.scores(h, GENERIC_QUESTION)
-        return h.memo[key]
-
-    def scores(self, h: Held, question: str) -> torch.Tensor:
-        scores = self.of.scores(h, question)
-        background = self.generic(h) if self.background == "generic" else self.of.scores(h, masked_question(question))
-        return calibrate(scores, background, self.floor)
-
-    def rerun_seconds(self, h: Held) -> float:
-        return self.of.rerun_seconds(h)
-
-
 @STAGES.register
 @dataclass(repr=False)
 class Fuse(Score):
@@ -302,9 +203,8 @@ class Fuse(Score):
         self.second.prepare()
         self.first.prepare()
 
-    def before_question(self, h: Held) -> None:
-        self.first.before_question(h)
-        self.second.before_question(h)
+    def before_question(self, h: Held) -> bool:
+        return self.first.before_question(h) | self.second.before_question(h)
 
     def scores(self, h: Held, question: str) -> torch.Tensor:
         second = self.second.scores(h, question)
@@ -314,12 +214,3 @@ class Fuse(Score):
 
     def rerun_seconds(self, h: Held) -> float:
         return self.first.rerun_seconds(h) + self.second.rerun_seconds(h)
-
-
-def contrastive(floor: float = 0.05, query: str = "turn") -> Calibrated:
-    """Contrastive CacheBack: mean query attention over the deeper half of the layers, generic-calibrated."""
-    return Calibrated("generic", floor, Attention("cacheback", dict(DEEP), query))
-
-
-SCORES = {"attention": Attention, "text": Text, "probe": Probe, "calibrated": Calibrated, "fuse": Fuse,
-          "contrastive": contrastive}

@@ -11,13 +11,15 @@ before stages resumes), and as stage specs where they cannot.
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 
 from ...errors import ConfigError, UnknownNameError
-from ...registry import construct
+from ...registry import check_types, construct
 from ...select import SELECTORS, SPAN
 from .base import STAGES, Stage, stage
 from .budget import Chain, Mass, Ratio
-from .score import SCORES, Attention, Calibrated, Fuse, Probe, Text, text_selectors
+from .score import Attention, Fuse, Text, text_selectors
+from .wrappers import SCORES, Calibrated, Probe
 from .units import Sentences, Spans
 
 SPAN_MODES = ("fixed", "sentence")
@@ -28,6 +30,30 @@ FLAT = {"score": ("selector", "selector_params", "query_format", "probe", "probe
         "budget": ("ratio", "mass", "max_ratio"),
         "encoding": ("encoding", "recompute")}
 CHAIN_FLAT = ("budget", "max_rows")  # cacheback_chain's own: its budget was a string
+
+
+@dataclass
+class FlatTypes:
+    """The scalar type of each flat keyword, checked as a protocol's own fields are (`check_types`)."""
+    selector: str
+    query_format: str
+    probe: int
+    probe_mix: str
+    calibration: str
+    calibration_floor: float
+    fuse: str | None
+    fuse_k: float
+    text_query: str
+    span: int
+    span_mode: str
+    unit_floor: bool
+    context: str
+    fill: str
+    ratio: float
+    mass: float | None
+    max_ratio: float
+    recompute: float | None
+    max_rows: int
 
 
 def stage_calls() -> dict:
@@ -82,21 +108,21 @@ def _score(p: dict) -> Stage:
                          ("probe_mix", mix != "join")):
             if on:
                 raise ConfigError(f"{knob} needs a query-conditioned state selector, not {sel!r}")
-        return construct("stage", "text", Text, sel, params, drafted)
+        return construct("stage", "text", Text, selector=sel, params=params, draft=drafted)
     if drafted and fuse is None:
         raise ConfigError("text_query 'draft' is what a text selector reads: set selector= to one (lexical, bm25, "
                           "dense) or fuse= one with the state selector")
-    score = construct("stage", "attention", Attention, sel, params, query)
+    score = construct("stage", "attention", Attention, selector=sel, params=params, query=query)
     if probe:
-        score = construct("stage", "probe", Probe, probe, mix, score)
+        score = construct("stage", "probe", Probe, tokens=probe, mix=mix, of=score)
     if calibration != "none":
         if calibration not in ("generic", "masked"):
             raise UnknownNameError("calibration", calibration, ("none", "generic", "masked"))
-        score = construct("stage", "calibrated", Calibrated, calibration, floor, score)
+        score = construct("stage", "calibrated", Calibrated, background=calibration, floor=floor, of=score)
     if fuse is not None:
         if fuse not in text_selectors():
             raise UnknownNameError("text selector to fuse", fuse, text_selectors())
-        score = construct("stage", "fuse", Fuse, score, Text(fuse, draft=drafted), fuse_k)
+        score = construct("stage", "fuse", Fuse, first=score, second=Text(fuse, draft=drafted), k=fuse_k)
     return score
 
 
@@ -106,13 +132,13 @@ def _units(p: dict) -> Stage:
     if mode not in SPAN_MODES:
         raise UnknownNameError("span mode", mode, SPAN_MODES)
     if mode == "sentence":
-        return construct("stage", "sentences", Sentences, span, context, fill, floor)
+        return construct("stage", "sentences", Sentences, span=span, context=context, fill=fill, floor=floor)
     for name, value, default in (("context", context, "none"), ("fill", fill, "cut")):
         if value != default:
             raise ConfigError(f"{name} {value!r} keeps whole sentences: it needs span_mode 'sentence'")
     if not isinstance(floor, bool):
         raise ConfigError(f"unit_floor must be True or False, got {floor!r}")
-    return construct("stage", "spans", Spans, span)
+    return construct("stage", "spans", Spans, span=span)
 
 
 def _budget(p: dict, chain: bool) -> Stage:
@@ -120,10 +146,10 @@ def _budget(p: dict, chain: bool) -> Stage:
     if chain:
         if mass is not None:
             raise ConfigError("cacheback_chain sets each hop's budget itself and spends it exactly: mass= is for fan-in")
-        return construct("stage", "chain", Chain, p.pop("budget", "relative"), ratio, p.pop("max_rows", 512))
+        return construct("stage", "chain", Chain, hops=p.pop("budget", "relative"), ratio=ratio, max_rows=p.pop("max_rows", 512))
     if mass is None:
-        return construct("stage", "ratio", Ratio, ratio)
-    return construct("stage", "mass", Mass, mass, ratio, max_ratio)
+        return construct("stage", "ratio", Ratio, ratio=ratio)
+    return construct("stage", "mass", Mass, mass=mass, ratio=ratio, floor=max_ratio)
 
 
 def _encoding(p: dict) -> Stage:
@@ -226,6 +252,7 @@ def flat_keywords(cls):
     flat += [k for k in (CHAIN_FLAT if chain else ()) if k not in cls.__dataclass_fields__]
 
     def __init__(self, **params):
+        check_types("protocol", cls.name, FlatTypes, {k: v for k, v in params.items() if k in flat})
         init(self, **from_flat(params, chain, kinds, getattr(cls, "default_selector", "cacheback")))
 
     __init__.__signature__ = inspect.Signature(

@@ -79,7 +79,7 @@ class Sentences(Units):
         if self.fill not in FILLS:
             raise UnknownNameError("fill", self.fill, FILLS)
         if not isinstance(self.floor, bool):
-            raise self.refuse(f"floor must be True or False, got {self.floor!r}")
+            raise self.refuse(f"floor (flat: unit_floor) must be True or False, got {self.floor!r}")
 
     @property
     def takes_context(self) -> bool:
