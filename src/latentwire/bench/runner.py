@@ -89,8 +89,8 @@ def _parse_one(spec: str) -> tuple[str, tuple[str, dict]]:
             try:
                 params[kw.arg] = parse_value(kw.value)  # a literal, or a stage: score=probe(16)
             except (ValueError, TypeError, RecursionError) as e:  # TypeError: an unhashable key, {[1]: 2}
-                if isinstance(e, LatentWireError):
-                    raise ConfigError(f"protocol spec {spec!r}: {e}") from e
+                if isinstance(e, LatentWireError):  # a stage's own typed error, naming the stage
+                    raise
                 raise ConfigError(f"protocol spec {spec!r}: {kw.arg}={ast.unparse(kw.value)} is not a Python literal "
                                   "(a number, string, bool, None, list, tuple or dict; quote strings) or a stage "
                                   "(e.g. probe(16))") from e

@@ -4,7 +4,8 @@
 
 "cacheback+generic/sentence" = selector "cacheback", calibration "generic", span_mode "sentence";
 "cacheback@deep+generic" = contrastive scores (the "deep" preset, calibrated); "cacheback/sentence:probe=16" =
-the answer probe. `variant_fields` turns a name into CacheBack's keyword arguments.
+the answer probe. `variant_fields` turns a name into CacheBack's flat keywords, which build its stages
+(stages/spec.py): one more way to write the same specs, not a second set of rules.
 """
 from __future__ import annotations
 
