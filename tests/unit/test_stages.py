@@ -11,7 +11,7 @@ from latentwire.bench.runner import parse_protocols, protocol_parameters
 from latentwire.errors import ConfigError, UnknownNameError, UnknownParameterError
 from latentwire.protocols import get_protocol
 from latentwire.protocols.stages import (STAGES, Attention, Budget, Calibrated, Chain, Fuse, KVBlend, Mass, Probe,
-                                         Ratio, Sentences, Spans, Text, contrastive, parse_stage, stage, to_flat)
+                                         Ratio, Sentences, FixedSpans, Text, contrastive, parse_stage, stage, to_flat)
 
 DOCS = ["Ada led Orion in Lisbon. She drinks tea.\n\nBo led Vega in Oslo. He drinks coffee.",
         "The blue crate holds 58 bolts. The red crate holds 12 nails."]
@@ -21,7 +21,7 @@ QUESTION = "Where did Ada lead Orion?"
 @pytest.mark.parametrize("spec", [
     "attention('cacheback')", "attention('snapkv', params={'window_size': 8})", "text('dense', draft=8)",
     "probe(16, mix='and')", "calibrated('masked', floor=0.1, of=probe(4))", "fuse(attention('cacheback'), text('bm25'), k=30.0)",
-    "sentences(16, context='lead', fill='whole')", "spans(8)", "ratio(4)", "mass(0.5, ratio=4, floor=32)",
+    "sentences(16, context='lead', fill='whole')", "fixed_spans(8)", "spans()", "ratio(4)", "mass(0.5, ratio=4, floor=32)",
     "chain('fixed', max_rows=64)", "rows()", "token_ids()", "kv()", "kv_reencoded(0.2)", "kv_blend(0.3)"])
 def test_a_stage_reads_back_from_its_spec(spec):
     s = parse_stage(spec)
@@ -56,7 +56,7 @@ def test_contrastive_is_deep_generic_calibration():
     (lambda: Mass(1.5), ConfigError, "budget stage mass"),
     (lambda: Mass(0.5, ratio=8, floor=4), ConfigError, "floor"),
     (lambda: KVBlend(1.5), ConfigError, "recompute"),
-    (lambda: stage("units", "lines"), UnknownNameError, "sentences, spans"),
+    (lambda: stage("units", "lines"), UnknownNameError, "fixed_spans, sentences"),
     (lambda: stage("score", Ratio()), ConfigError, "budget stage"),
 ])
 def test_a_stage_refuses_what_it_cannot_be_and_names_the_valid_choices(build, error, names):
@@ -132,6 +132,6 @@ def test_held_state_memo_is_per_read_and_shared_by_the_probe_and_the_draft(agent
 
 
 def test_fixed_spans_are_the_flat_span_mode_fixed():
-    assert get_protocol("cacheback", span_mode="fixed", span=8).units == Spans(8)
+    assert get_protocol("cacheback", span_mode="fixed", span=8).units == FixedSpans(8)
     with pytest.raises(ConfigError, match="span_mode 'sentence'"):
         get_protocol("cacheback", span_mode="fixed", context="lead")

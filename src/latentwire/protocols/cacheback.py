@@ -166,12 +166,13 @@ class CacheBack(FanInWindow, Protocol):
         where = {receiver.device, *(p.device for p in parts if isinstance(p, KVState))}  # K/V placed where they lie
         t0 = now(*where)
         message = self.receive(receiver, question, parts)
-        place_s = now(*where) - t0 if self.encoding.attached else 0.0  # re-rotating K/V is real work
+        key = self.encoding.receive_key  # placing K/V, or re-tokenising spans: the receiver's work
+        receive_s = now(*where) - t0 if key else 0.0
         nbytes, details = self.encoding.cost(parts, message)
-        details |= {"place_s": place_s} if self.encoding.attached else {}
         reply = self.reply(receiver, question, message)
-        return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds + place_s,
-                       {"senders": timing} | details, kept_spans=tuple(kept), read_seconds=self.reads_of(timing),
+        return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds + receive_s,
+                       {"senders": timing} | details | ({key: receive_s} if key else {}),
+                       kept_spans=self.encoding.kept(parts, tuple(kept)), read_seconds=self.reads_of(timing),
                        after_first=after_first(reply))
 
     def reads_of(self, timing: list[dict]) -> tuple[float, ...] | None:
@@ -180,7 +181,7 @@ class CacheBack(FanInWindow, Protocol):
 
     def receive(self, receiver: Agent, question: str, parts: Sequence) -> Rows | KVState:
         """The receiver's input from the senders' messages, in sender order (the encoding's `receive`)."""
-        return self.encoding.receive(parts)
+        return self.encoding.receive(receiver, question, parts, self.max_new_tokens)
 
     @property
     def recompute_share(self) -> float:
@@ -193,7 +194,7 @@ class CacheBack(FanInWindow, Protocol):
 
     def pack(self, sender: Agent, state: KVState, rows: torch.Tensor, per_row: list, document: str, index: int):
         """What sender `index` sends for its selected `rows` (timed as its selection): the encoding's `pack`."""
-        return self.encoding.pack(sender, state, rows)
+        return self.encoding.pack(sender, state, rows, per_row, document, index)
 
     def send(self, senders: Sequence[Agent], documents: Sequence[str], question: str) -> tuple[list, list, list, list]:
         """Each sender reads, scores and selects: (what each sends (`pack`), its seconds, its kept document
@@ -205,6 +206,7 @@ class CacheBack(FanInWindow, Protocol):
         """Sender `index` reads, scores and selects (`Sent`). The distributed runner calls this where the sender
         lives, so a sender does the same work in process and on a node."""
         self.score.prepare()  # an encoder loads once, before any question's clock
+        self.encoding.prepare(sender)  # a translator too
         r = self.sender_read(sender, document, question)
         state, tb = r.state, now(sender.device)
         worked = self.score.before_question(self.held(sender, state))  # query-blind (a background): part of the read
@@ -226,7 +228,7 @@ class CacheBack(FanInWindow, Protocol):
         doc_rows = sum(1 for x in rows.tolist() if x < len(per_row) and per_row[x] is not None)
         timing = {"read_s": r.seconds + background_s + layout_s, "background_s": background_s, "layout_s": layout_s,
                   "select_s": t2 - t1, "rows": len(state), "sent": len(rows), "sent_document_rows": doc_rows,
-                  "shared_read": r.shared}  # sent: + first, latent
+                  "shared_read": r.shared} | self.encoding.sent(part)  # sent: + first, latent
         if self.score.drafts():
             timing["probe"] = self.said(sender, state, question)  # what the sender began to answer
         return Sent(part, t2 - t0, kept_document_spans(per_row, rows), timing, state.positions[rows].tolist())

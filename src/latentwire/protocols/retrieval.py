@@ -29,7 +29,7 @@ from ..message import Spans
 from ..placement import HOST
 from ..select import unit_texts
 from .base import after_first, SENDER_PROMPT, Outcome, Protocol, register
-from .cacheback_x import SENDER_SEPARATOR
+from .stages.cross import SENDER_SEPARATOR
 from .documents import chat_document, kept_document_spans, sent_spans, token_document_spans
 from .reads import held_value, text_key
 from .stages import Held, Ratio, Sentences, Stage, Text, flat_keywords, stage

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..agent import Agent
-from ..errors import ContextOverflowError
 from .base import sender_prompt_lengths
 
 
@@ -23,10 +22,11 @@ class FanInWindow:
         """ContextOverflowError, before any sender reads, unless every sender's read and the largest message the
         budgets allow fit (per sender `_max_rows` + its first row + G latent rows, then the receiver's prompt and
         answer; the encoding's own checks, e.g. a sender's re-read of its rows, too)."""
+        self.encoding.check_pair(senders, receiver)  # a latent map or translator of another pair: refused first
         prompts = self.check_senders(senders, documents, question)
         for i, (sender, prompt) in enumerate(zip(senders, prompts)):
             self.check_reread(sender, f"sender {i}", prompt, question)
-        self.check_receiver_window(prompts, receiver, question)
+        self.check_receiver_window(prompts, receiver, question, [s.model_name for s in senders])
 
     def check_reread(self, sender: Agent, label: str, prompt: int, question: str) -> None:
         """The encoding's check of a sender's re-read of its largest message (kv_reencoded), before it reads."""
@@ -36,12 +36,9 @@ class FanInWindow:
         """The most document rows a sender whose prompt has `prompt` rows may send."""
         return min(self.units.most(self.budget.cap(prompt + self.latent_steps)), prompt - 1)
 
-    def check_receiver_window(self, prompts: Sequence[int], receiver: Agent, question: str) -> None:
-        """The receiver's half of `check_window`, from the senders' prompt lengths (`check_senders`): what a
-        transport checks on the receiver's node before any sender's node reads."""
+    def check_receiver_window(self, prompts: Sequence[int], receiver: Agent, question: str,
+                              senders: Sequence[str] = ()) -> None:
+        """The receiver's half of `check_window`, from the senders' prompt lengths (`check_senders`; `senders`: their
+        model names): what a transport checks on the receiver's node before any sender's node reads."""
         self.encoding.check_receiver(receiver)
-        parts = {"budget_rows": sum(self._max_rows(p) for p in prompts), "first_rows": len(prompts),
-                 "latent_rows": len(prompts) * self.latent_steps,
-                 "prompt": self.encoding.prompt_rows(receiver, question), "max_new_tokens": self.max_new_tokens}
-        if sum(parts.values()) > receiver.context_window:
-            raise ContextOverflowError(sum(parts.values()), receiver.context_window, parts)
+        self.encoding.check_receiver_window(self, prompts, receiver, question, senders)

@@ -323,14 +323,14 @@ def _run_fanin(t: Transport, spec, kind, send, answer, senders, documents, recei
     if kind == "cacheback":
         if "spans_bytes" in got:  # cacheback_x: document text (+ latent rows) for a receiver of another model
             nbytes = got["spans_bytes"]
-            details |= {"delivery": spec[1]["delivery"], "text_rows": got["text_rows"],
+            details |= {"delivery": spec[1]["encoding"].delivery, "text_rows": got["text_rows"],
                         "latent_rows": got["latent_rows"], "text_bytes": got["text_bytes"],
                         "latent_bytes": nbytes - got["text_bytes"]}
         elif "kv_bytes" in got:  # cacheback's K/V encodings, or cacheback_x "translated" (receiver's geometry)
             nbytes = got["kv_bytes"]
             details |= {"kv_bytes": nbytes}
             if "translated_rows" in got:
-                details |= {"delivery": spec[1]["delivery"], "translated_rows": got["translated_rows"]}
+                details |= {"delivery": spec[1]["encoding"].delivery, "translated_rows": got["translated_rows"]}
         else:
             nbytes = got["rows_bytes"] if spec[1]["encoding"].name == "rows" else got["token_id_bytes"]
             details |= {"rows_bytes": got["rows_bytes"], "token_id_bytes": got["token_id_bytes"]}

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from ...blend import check_blend, recompute_count
+from ...errors import ContextOverflowError
 from ...message import Rows
 from ...state import KVState
 from ...templates import MESSAGE_PROMPT
@@ -32,14 +33,33 @@ class Encoding(Stage):
     full_history = False  # packs the read's own K/V: a sender with sliding layers keeps every row there
     slot = False  # attached inside the receiver's message slot (`Agent.answer_attached`)
     recompute = 0.0  # the share of attached rows the receiver recomputes
+    cross_model = False  # for a receiver of another model (stages/cross.py)
 
-    def pack(self, sender, state: KVState, rows: torch.Tensor):
-        """What a sender sends for its selected `rows` (the budgeted document rows, its first and latent rows)."""
+    @property
+    def receive_key(self) -> str | None:
+        """The details key of the receiver's seconds to take the message in, counted in its seconds (None: rows
+        concatenated, nothing to count)."""
+        return "place_s" if self.attached else None  # re-rotating K/V is real work
+
+    def prepare(self, sender) -> None:
+        """What a sender loads before its read (not charged to it); nothing by default."""
+
+    def pack(self, sender, state: KVState, rows: torch.Tensor, per_row: list, document: str, index: int):
+        """What sender `index` sends for its selected `rows` (the budgeted document rows, its first and latent rows;
+        `per_row`: where its document sits in the read)."""
         return sender.rows(state.select(rows))
 
-    def receive(self, parts):
+    def receive(self, receiver, question: str, parts, max_new_tokens: int):
         """The receiver's input from the senders' parts, in sender order."""
         return Rows.cat(parts)
+
+    def sent(self, part) -> dict:
+        """What a sender's timing record notes of its part (beyond CacheBack's own)."""
+        return {}
+
+    def kept(self, parts, kept: tuple) -> tuple:
+        """Per sender, the document spans the message carries (`Outcome.kept_spans`): those of the selected rows."""
+        return kept
 
     def cost(self, parts, message) -> tuple[int, dict]:
         """(bytes on the wire, the details a record keeps) of a message."""
@@ -57,6 +77,19 @@ class Encoding(Stage):
 
     def check_receiver(self, receiver) -> None:
         """Refuse a receiver that cannot take this message in (before any sender reads)."""
+
+    def check_pair(self, senders, receiver) -> None:
+        """Refuse senders and a receiver this message was not made for (a latent map or translator of another
+        pair); `senders`: Agents or their Geometries."""
+
+    def check_receiver_window(self, protocol, prompts, receiver, question: str, senders=()) -> None:
+        """ContextOverflowError unless the largest message the budgets allow (per sender `_max_rows` + its first
+        row + G latent rows), the receiver's prompt and answer fit its window."""
+        parts = {"budget_rows": sum(protocol._max_rows(p) for p in prompts), "first_rows": len(prompts),
+                 "latent_rows": len(prompts) * protocol.latent_steps, "prompt": self.prompt_rows(receiver, question),
+                 "max_new_tokens": protocol.max_new_tokens}
+        if sum(parts.values()) > receiver.context_window:
+            raise ContextOverflowError(sum(parts.values()), receiver.context_window, parts)
 
     def check_reread(self, sender, label: str, rows: int, question: str) -> None:
         """Refuse a sender whose re-read of its `rows` largest message would overflow its window."""
@@ -80,7 +113,7 @@ class TokenIds(Encoding):
 class _KV(Encoding):
     attached = True
 
-    def receive(self, parts):
+    def receive(self, receiver, question: str, parts, max_new_tokens: int):
         return KVState.concat(parts)  # placed one after another, keys re-rotated
 
     def cost(self, parts, message) -> tuple[int, dict]:
@@ -94,7 +127,7 @@ class KV(_KV):
     name = "kv"
     full_history = True
 
-    def pack(self, sender, state: KVState, rows: torch.Tensor):
+    def pack(self, sender, state: KVState, rows: torch.Tensor, per_row: list, document: str, index: int):
         return state.select(rows).compact()  # keys re-rotated to positions 0..n−1
 
     def prompt_rows(self, receiver, question: str) -> int:
@@ -122,7 +155,7 @@ class KVReencoded(_SlotKV):
     positional = True
     recompute: float = 0.0
 
-    def pack(self, sender, state: KVState, rows: torch.Tensor):
+    def pack(self, sender, state: KVState, rows: torch.Tensor, per_row: list, document: str, index: int):
         return sender.encode_rows(sender.rows(state.select(rows)))  # positions 0..n−1 in the message slot
 
     def check_reread(self, sender, label: str, rows: int, question: str) -> None:
@@ -138,5 +171,5 @@ class KVBlend(_SlotKV):
     full_history = True
     recompute: float = 0.15
 
-    def pack(self, sender, state: KVState, rows: torch.Tensor):
+    def pack(self, sender, state: KVState, rows: torch.Tensor, per_row: list, document: str, index: int):
         return state.select(rows).compact()

@@ -20,7 +20,7 @@ from .base import STAGES, Stage, stage
 from .budget import Chain, Mass, Ratio
 from .score import Attention, Fuse, Text, text_selectors
 from .wrappers import SCORES, Calibrated, Probe
-from .units import Sentences, Spans
+from .units import FixedSpans, Sentences
 
 SPAN_MODES = ("fixed", "sentence")
 TEXT_QUERIES = ("question", "draft")
@@ -30,6 +30,8 @@ FLAT = {"score": ("selector", "selector_params", "query_format", "probe", "probe
         "budget": ("ratio", "mass", "max_ratio"),
         "encoding": ("encoding", "recompute")}
 CHAIN_FLAT = ("budget", "max_rows")  # cacheback_chain's own: its budget was a string
+CROSS_FLAT = ("delivery", "latent_map", "translator")  # cacheback_x's own: its encoding was `delivery`
+DELIVERIES = {"spans": "spans", "spans+latent": "spans_latent", "translated": "translated"}
 
 
 @dataclass
@@ -54,6 +56,7 @@ class FlatTypes:
     max_ratio: float
     recompute: float | None
     max_rows: int
+    delivery: str
 
 
 def stage_calls() -> dict:
@@ -138,7 +141,7 @@ def _units(p: dict) -> Stage:
             raise ConfigError(f"{name} {value!r} keeps whole sentences: it needs span_mode 'sentence'")
     if not isinstance(floor, bool):
         raise ConfigError(f"unit_floor must be True or False, got {floor!r}")
-    return construct("stage", "spans", Spans, span=span)
+    return construct("stage", "fixed_spans", FixedSpans, span=span)
 
 
 def _budget(p: dict, chain: bool) -> Stage:
@@ -152,7 +155,26 @@ def _budget(p: dict, chain: bool) -> Stage:
     return construct("stage", "mass", Mass, mass=mass, ratio=ratio, floor=max_ratio)
 
 
-def _encoding(p: dict) -> Stage:
+def _cross_encoding(p: dict) -> Stage:
+    delivery, latent_map, translator = p.pop("delivery", "spans"), p.pop("latent_map", None), p.pop("translator", None)
+    if delivery not in DELIVERIES:
+        raise UnknownNameError("delivery", delivery, DELIVERIES)
+    if p.pop("encoding", "rows") != "rows" or p.pop("recompute", None) is not None:
+        raise ConfigError("cacheback_x sends Spans (wire encoding 'spans' or 'spans_latent') or translated K/V ('kv'), "
+                          "by delivery: leave `encoding` at its default")
+    if (delivery == "spans+latent") != (latent_map is not None):
+        raise ConfigError("delivery 'spans+latent' needs latent_map= (a folder written by LatentMap.save, or a "
+                          "LatentMap) and 'spans' takes none")
+    if (delivery == "translated") != (translator is not None):
+        raise ConfigError("delivery 'translated' needs translator= (a dense translator checkpoint folder, or the "
+                          "translator) and the other deliveries take none")
+    given = {"latent_map": latent_map} if latent_map is not None else {"translator": translator} if translator else {}
+    return stage("encoding", DELIVERIES[delivery], **given)
+
+
+def _encoding(p: dict, cross: bool = False) -> Stage:
+    if cross and (any(k in p for k in CROSS_FLAT) or "encoding" not in p or p["encoding"] == "rows"):
+        return _cross_encoding(p)
     name, recompute = p.pop("encoding", "rows"), p.pop("recompute", None)
     if isinstance(name, Stage) or recompute is None:
         return stage("encoding", name)
@@ -162,7 +184,8 @@ def _encoding(p: dict) -> Stage:
     return stage("encoding", name, recompute=recompute)
 
 
-def from_flat(params: dict, chain: bool = False, kinds=tuple(FLAT), selector: str = "cacheback") -> dict:
+def from_flat(params: dict, chain: bool = False, kinds=tuple(FLAT), selector: str = "cacheback",
+              cross: bool = False) -> dict:
     """Stage-valued keyword arguments of the stage `kinds` a protocol has, from flat ones (`FLAT`; `selector`: the
     protocol's default); keywords of no stage pass through. A stage given both as a stage and by flat keywords is
     refused (ConfigError naming both)."""
@@ -172,7 +195,7 @@ def from_flat(params: dict, chain: bool = False, kinds=tuple(FLAT), selector: st
         if kind not in kinds:
             continue
         if kind == "encoding":  # its flat keyword is the slot's own: a name, or a stage
-            out[kind] = _encoding(p)
+            out[kind] = _encoding(p, cross)
             continue
         legacy = chain and kind == "budget" and not isinstance(p.get(kind), Stage)  # the chain's budget='fixed'
         given = [k for k in keys + (CHAIN_FLAT if chain and kind == "budget" else ()) if k in p and k != kind]
@@ -224,7 +247,7 @@ def _flat_units(u: Stage) -> dict | None:
     if isinstance(u, Sentences):
         return {"span": u.span, "span_mode": "sentence", "unit_floor": u.floor, "context": u.context, "fill": u.fill}
     return {"span": u.span, "span_mode": "fixed", "unit_floor": True, "context": "none", "fill": "cut"} \
-        if isinstance(u, Spans) else None
+        if isinstance(u, FixedSpans) else None
 
 
 def _flat_budget(b: Stage) -> dict | None:
@@ -236,6 +259,9 @@ def _flat_budget(b: Stage) -> dict | None:
 
 
 def _flat_encoding(e: Stage) -> dict:
+    if e.cross_model:
+        return {"encoding": "rows", "recompute": None, "delivery": e.delivery,
+                "latent_map": getattr(e, "latent_map", None), "translator": getattr(e, "translator", None)}
     default = type(e)().recompute
     return {"encoding": e.name, "recompute": None if e.recompute == default else e.recompute}
 
@@ -245,15 +271,15 @@ def flat_keywords(cls):
     (`from_flat`), and its signature lists both, so a misspelt one is refused naming every valid one."""
     import inspect
 
-    init, chain = cls.__init__, hasattr(cls, "hop")
+    init, chain, cross = cls.__init__, hasattr(cls, "hop"), getattr(cls, "cross_model", False)
     kinds = tuple(k for k in FLAT if k in cls.__dataclass_fields__)
     own = list(inspect.signature(init).parameters.values())
     flat = [k for kind in kinds for k in FLAT[kind] if k not in cls.__dataclass_fields__]
-    flat += [k for k in (CHAIN_FLAT if chain else ()) if k not in cls.__dataclass_fields__]
+    flat += [k for k in (CHAIN_FLAT if chain else ()) + (CROSS_FLAT if cross else ()) if k not in cls.__dataclass_fields__]
 
     def __init__(self, **params):
         check_types("protocol", cls.name, FlatTypes, {k: v for k, v in params.items() if k in flat})
-        init(self, **from_flat(params, chain, kinds, getattr(cls, "default_selector", "cacheback")))
+        init(self, **from_flat(params, chain, kinds, getattr(cls, "default_selector", "cacheback"), cross))
 
     __init__.__signature__ = inspect.Signature(
         own[:1] + [p.replace(kind=p.KEYWORD_ONLY) for p in own[1:]]

@@ -1,7 +1,7 @@
 """Unit stages: what a selection ranks and keeps whole — the document cut into sentences, or into fixed spans.
 
     sentences(span=16, context='none', fill='cut', floor=True)   sentence and line units of at most 2·span rows
-    spans(16)                                                    consecutive spans of `span` document rows (the paper)
+    fixed_spans(16)                                              consecutive spans of `span` document rows (the paper)
 
 Sentence units: measured on 48 episodes per (task, model), 8× / 16× evidence recall +8 / +13 points over fixed spans
 on Qwen `facts`, +0 / +11 on Qwen `code`, +8 / +13 on Gemma3 `facts`. `context`: the rows a kept sentence takes
@@ -58,9 +58,9 @@ class Units(Stage):
 
 @STAGES.register
 @dataclass(repr=False)
-class Spans(Units):
+class FixedSpans(Units):
     """Consecutive spans of `span` candidate rows."""
-    name = "spans"
+    name = "fixed_spans"
 
 
 @STAGES.register
