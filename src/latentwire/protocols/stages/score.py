@@ -83,7 +83,6 @@ class Attention(Score):
             from ...errors import UnknownNameError
             raise UnknownNameError("attention query format", self.query, QUERY_FORMATS)
         self._selector = get_selector(self.selector, **self.params)
-        self._selector.check_installed()  # a kvpress selector without the extra: refused before any compute
         self._windowed: dict = {}
 
     @property
@@ -94,6 +93,7 @@ class Attention(Score):
         if getattr(protocol, "latent_steps", None) is None:
             raise self.refuse(f"scores a sender's read; this protocol has none: use a text selector, "
                               f"text(...) of {', '.join(text_selectors())}")
+        self._selector.check_installed()  # a kvpress selector without the extra: refused before any compute
 
     def query_text(self, sender, question: str) -> str:
         return sender.continuation_text(KV_PROMPT.format(question=question)) if self.query == "turn" else question
