@@ -265,15 +265,26 @@ class Agent:
         assistant turn the state ends in is closed by this model's own template, the turn is read after it
         and a new assistant turn opened (`continuation_text`). LatentMAS's sequential chain: each agent
         reads its input after the previous agents' state and thinks on."""
+        return self.read_on(state, self.turn_ids(user))
+
+    @torch.inference_mode()
+    def read_on(self, state: KVState | None, ids, full_history: bool = False) -> KVState:
+        """Continue a state (None: nothing) with token `ids` read right after its last row, no template added: the
+        state of reading the state's text and then `ids` in one prefill, e.g. a document after a prefix several
+        readers share (`protocols/prefix.py`). `full_history`: as `prefill` (the state must then hold every row)."""
         t0 = self._clock()
-        self.geometry.check_same(state.geometry)
-        ids = self.turn_ids(user)
-        self.check_window(state=len(state), prompt=len(ids))
-        compact = state.compact()  # rows at 0..T-1: the turn continues at position T
-        cache = compact.to_cache()
-        hidden = self._forward(cache, len(compact), ids=self.ids(ids))
-        token_ids = torch.cat([compact.token_ids, self.ids(ids)])
-        out = KVState.from_cache(cache, self.geometry, token_ids, compact.latents, last_hidden=hidden[-1].clone())
+        ids = self.ids(ids)
+        if state is None:
+            self.check_window(prompt=len(ids))
+            cache, start, token_ids, latents = self.new_cache(full_history), 0, ids, None
+        else:
+            self.geometry.check_same(state.geometry)
+            self.check_window(state=len(state), prompt=len(ids))
+            compact = state.compact()  # rows at 0..T-1: the ids continue at position T
+            cache, start = compact.to_cache(full_history), len(compact)
+            token_ids, latents = torch.cat([compact.token_ids, ids]), compact.latents
+        hidden = self._forward(cache, start, ids=ids)
+        out = KVState.from_cache(cache, self.geometry, token_ids, latents, last_hidden=hidden[-1].clone())
         self._record("prefill", t0, len(ids), 0, len(out))
         return out
 

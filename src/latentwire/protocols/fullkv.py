@@ -12,7 +12,10 @@ from ..agent import LATENT_MODES, Agent
 from ..errors import ConfigError, ContextOverflowError, UnknownNameError
 from ..state import KVState
 from .base import after_first, QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, sender_prompt_lengths, timed
+from .prefix import attach, common_prefix, prefix_state, read_after, split
 from .reads import Read, read
+
+PREFIXES = ("own", "shared")
 
 
 @register
@@ -24,6 +27,10 @@ class FullKV(Protocol):
     latent_steps: int = 8  # G (docs/methods.md#latentmas, "Default G"); 0 sends the prefill state alone, logged
     latent_mode: str = "rescale"  # "rescale" (CacheBack) or "realign" (LatentMAS W_a)
     query_aware: bool = False  # blind: senders read only their document (docs/methods.md#full-kv, "Regime")
+    # "own": each sender's whole read, its template and system text included, concatenated; "shared": the text
+    # before the documents is one prefix read once and attached once, each sender sending its rows after it
+    # (prefix.py, docs/methods.md#shared-prefix-reads).
+    prefix: str = "own"
 
     def __post_init__(self):
         super().__post_init__()
@@ -31,6 +38,8 @@ class FullKV(Protocol):
             raise ConfigError(f"latent_steps must be ≥ 0, got {self.latent_steps}")
         if self.latent_mode not in LATENT_MODES:
             raise UnknownNameError("latent mode", self.latent_mode, LATENT_MODES)
+        if self.prefix not in PREFIXES:
+            raise UnknownNameError("fullkv prefix", self.prefix, PREFIXES)
 
     def sender_read(self, sender: Agent, document: str, question: str) -> Read:
         """The sender's finished state and its measured read time (shared inside `shared_reads()`)."""
@@ -64,6 +73,8 @@ class FullKV(Protocol):
             raise ContextOverflowError(sum(parts.values()), receiver.context_window, parts)
 
     def run(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
+        if self.prefix == "shared":
+            return self.run_shared(senders, documents, receiver, question)
         self.check_window(senders, documents, receiver, question)
         reads = [self.sender_read(sender, doc, question) for sender, doc in self._pair(senders, documents)]
         states, seconds = [r.state for r in reads], [r.seconds for r in reads]
@@ -77,3 +88,28 @@ class FullKV(Protocol):
                         "shared_reads": sum(r.shared for r in reads)}, kept,
                        None if self.query_aware else tuple(seconds),  # a held state is the whole message
                        after_first=after_first(reply))
+
+    def run_shared(self, senders: Sequence[Agent], documents: Sequence[str], receiver: Agent, question: str) -> Outcome:
+        """prefix="shared": the common prefix read once (held), each sender's rows after it, attached after it once.
+        The prefix is not sent (every agent of the model holds it); each sender is charged it in its read."""
+        pairs = self._pair(senders, documents)
+        splits = [split(s, self.sender_prompt(d, question), d) for s, d in pairs]
+        ids = common_prefix([s for s, _ in pairs], splits, receiver)  # PrefixMismatchError before any compute
+        self.check_senders(senders, documents, question)
+        parts = {"prefix_rows": len(ids), "sender_rows": sum(len(x.ids) - x.cut for x in splits),
+                 "latent_rows": len(pairs) * self.latent_steps, "prompt": len(receiver.kv_prompt_ids(question)),
+                 "max_new_tokens": self.max_new_tokens}
+        if sum(parts.values()) > receiver.context_window:
+            raise ContextOverflowError(sum(parts.values()), receiver.context_window, parts)
+        prefix, prefix_s, _ = prefix_state(senders[0], ids)
+        reads = [read_after(s, prefix, x, self.latent_steps, self.latent_mode) for (s, _), x in zip(pairs, splits)]
+        seconds = [prefix_s + r_s for _, r_s in reads]
+        own, own_s = (prefix, 0.0) if receiver.uid == senders[0].uid else prefix_state(receiver, ids)[:2]
+        rows = [m.to(receiver.device, receiver.dtype) for m, _ in reads]
+        message, attach_s = timed({receiver.device}, attach, own, rows)
+        nbytes = sum(len(m.to_bytes()) for m, _ in reads)  # each sender ships its rows after the prefix
+        reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
+        kept = tuple(((0, len(d)),) for d in documents)
+        return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds + attach_s + own_s,
+                       {"message_rows": len(message), "prefix_rows": len(prefix), "latent_steps": self.latent_steps},
+                       kept, None if self.query_aware else tuple(seconds), after_first=after_first(reply))
