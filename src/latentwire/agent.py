@@ -344,6 +344,21 @@ class Agent:
         return self._generate(t0, cache, len(placed), {"ids": self.ids(post)}, len(message),
                               len(pre) + len(post), max_new_tokens)
 
+    @torch.inference_mode()
+    def answer_recomputed(self, question: str, message: KVState, first: int, pick, max_new_tokens: int = 48) -> Answer:
+        """`answer(question, message=state)` after recomputing the attached rows `pick` ((k,) indices into rows
+        first..; rows before `first` are this agent's own prefix) in this context (`blend.blended_cache`): every row
+        recomputed is the re-prefill of the message's rows after the prefix. The state must hold every row on sliding
+        layers (a full-history read)."""
+        check_blend(self, message)
+        t0 = self._clock()
+        self.geometry.check_same(message.geometry)
+        ids = self.kv_prompt_ids(question)
+        self.check_window(message=len(message), prompt=len(ids), max_new_tokens=max_new_tokens)
+        own = message.compact().to(self.device, self.dtype)
+        cache = blended_cache(self, own, first, 0.0, pick)
+        return self._generate(t0, cache, len(own), {"ids": self.ids(ids)}, len(own), len(ids), max_new_tokens)
+
     def _after_state(self, state: KVState, ids: list[int], max_new_tokens: int):
         """`_receiver_input` for a prompt `ids` that continues a state: the state is the cache's prefix."""
         self.geometry.check_same(state.geometry)

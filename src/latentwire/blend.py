@@ -128,13 +128,17 @@ def check_blend(agent: Runner, message: KVState | None = None) -> None:
                           f"not {impl!r}")
 
 
-def blended_cache(agent: Runner, placed: KVState, first: int, recompute: float):
+def blended_cache(agent: Runner, placed: KVState, first: int, recompute: float, pick: torch.Tensor | None = None):
     """A cache of `placed` (compact, every row on sliding layers) in which `agent` recomputes the share
-    `recompute` of rows first.. (an attached message) that its own context changes most (the steps above)."""
+    `recompute` of rows first.. (an attached message) that its own context changes most (the steps above), or the
+    message rows `pick` ((k,) sorted indices into rows first..: e.g. each attached document's first rows, EPIC's
+    choice) when given."""
     n, m = len(placed), len(placed) - first
-    k = recompute_count(recompute, m)
+    k = recompute_count(recompute, m) if pick is None else len(pick)
     embeds = agent.rows(placed.select(torch.arange(first, n, device=agent.device))).embeds  # (M, d)
-    if k < m:  # score every attached row by its layer-1 K/V re-read here
+    if pick is not None:
+        pick = torch.as_tensor(pick, dtype=torch.int64, device=agent.device)
+    elif k < m:  # score every attached row by its layer-1 K/V re-read here
         layer = min(1, agent.geometry.num_layers - 1)
         head = placed.select(torch.arange(first, device=agent.device)).to_cache(full_history=True)
         fresh = layer_kv(agent, head, first, embeds, layer)

@@ -94,3 +94,37 @@ def test_an_unknown_prefix_lists_the_valid_ones():
 
     with pytest.raises(UnknownNameError, match="own, shared"):
         get_protocol("fullkv", prefix="common")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
+def test_recomputing_every_attached_row_is_the_re_prefill_of_all_documents_after_the_prefix(agent_for, arch):
+    from latentwire.blend import blended_cache
+    from latentwire.protocols.prefix import first_rows
+
+    agent = agent_for(arch)
+    splits = [split(agent, SENDER_PROMPT.format(document=d), d) for d in DOCS]
+    ids = common_prefix([agent, agent], splits)
+    prefix, _, _ = prefix_state(agent, ids, full_history=True)
+    rows = [read_after(agent, prefix, s, 0, "rescale", full_history=True)[0] for s in splits]
+    placed = attach(prefix, rows)
+    pick = first_rows(rows, 10 ** 6)  # every row: k past every document's length
+    assert pick == list(range(len(placed) - len(prefix)))
+    got = blended_cache(agent, placed, len(prefix), 0.0, pick)
+    want = agent.read_on(prefix, [t for s in splits for t in s.ids[s.cut:]], full_history=True).to_cache(True)
+    for i, (x, y) in enumerate(zip(got.layers, want.layers)):
+        assert torch.allclose(x.keys, y.keys, atol=1e-5, rtol=0) and torch.allclose(x.values, y.values, atol=1e-5,
+                                                                                     rtol=0), f"layer {i}"
+    assert first_rows(rows, 2) == [0, 1, len(rows[0]), len(rows[0]) + 1]  # EPIC: each document's first rows
+
+
+def test_recompute_first_runs_and_needs_a_shared_prefix(agent_for):
+    from latentwire.errors import ConfigError
+
+    agent = agent_for("gemma3")  # sliding layers: the reads keep every row for the recompute
+    plain = get_protocol("fullkv", latent_steps=1, max_new_tokens=2, prefix="shared")
+    epic = get_protocol("fullkv", latent_steps=1, max_new_tokens=2, prefix="shared", recompute_first=4)
+    a, b = plain.run([agent] * 2, DOCS, agent, QUESTION), epic.run([agent] * 2, DOCS, agent, QUESTION)
+    assert (a.message_bytes, a.receiver_context) != (0, 0) and b.receiver_context == a.receiver_context
+    for bad in ({"recompute_first": 2}, {"recompute_first": -1, "prefix": "shared"}):
+        with pytest.raises(ConfigError, match="recompute_first"):
+            get_protocol("fullkv", **bad)

@@ -12,7 +12,8 @@ from ..agent import LATENT_MODES, Agent
 from ..errors import ConfigError, ContextOverflowError, UnknownNameError
 from ..state import KVState
 from .base import after_first, QUESTION_SUFFIX, SENDER_PROMPT, Outcome, Protocol, register, sender_prompt_lengths, timed
-from .prefix import attach, common_prefix, prefix_state, read_after, split
+from ..blend import check_blend
+from .prefix import attach, common_prefix, first_rows, prefix_state, read_after, split
 from .reads import Read, read
 
 PREFIXES = ("own", "shared")
@@ -31,6 +32,9 @@ class FullKV(Protocol):
     # before the documents is one prefix read once and attached once, each sender sending its rows after it
     # (prefix.py, docs/methods.md#shared-prefix-reads).
     prefix: str = "own"
+    # prefix="shared" only: the receiver recomputes each attached document's first k rows in its own context (EPIC's
+    # choice: where a read's rows differ most from their place among the others); every row is the re-prefill.
+    recompute_first: int = 0
 
     def __post_init__(self):
         super().__post_init__()
@@ -40,6 +44,11 @@ class FullKV(Protocol):
             raise UnknownNameError("latent mode", self.latent_mode, LATENT_MODES)
         if self.prefix not in PREFIXES:
             raise UnknownNameError("fullkv prefix", self.prefix, PREFIXES)
+        if isinstance(self.recompute_first, bool) or self.recompute_first < 0:
+            raise ConfigError(f"recompute_first must be an int ≥ 0, got {self.recompute_first!r}")
+        if self.recompute_first and self.prefix != "shared":
+            raise ConfigError("recompute_first recomputes each document's first rows after one shared prefix: it "
+                              "needs prefix='shared'")
 
     def sender_read(self, sender: Agent, document: str, question: str) -> Read:
         """The sender's finished state and its measured read time (shared inside `shared_reads()`)."""
@@ -101,14 +110,21 @@ class FullKV(Protocol):
                  "max_new_tokens": self.max_new_tokens}
         if sum(parts.values()) > receiver.context_window:
             raise ContextOverflowError(sum(parts.values()), receiver.context_window, parts)
-        prefix, prefix_s, _ = prefix_state(senders[0], ids)
-        reads = [read_after(s, prefix, x, self.latent_steps, self.latent_mode) for (s, _), x in zip(pairs, splits)]
+        full = self.recompute_first > 0  # recomputing attached rows needs every row on sliding layers
+        if full:
+            check_blend(receiver)
+        prefix, prefix_s, _ = prefix_state(senders[0], ids, full)
+        reads = [read_after(s, prefix, x, self.latent_steps, self.latent_mode, full) for (s, _), x in zip(pairs, splits)]
         seconds = [prefix_s + r_s for _, r_s in reads]
-        own, own_s = (prefix, 0.0) if receiver.uid == senders[0].uid else prefix_state(receiver, ids)[:2]
+        own, own_s = (prefix, 0.0) if receiver.uid == senders[0].uid else prefix_state(receiver, ids, full)[:2]
         rows = [m.to(receiver.device, receiver.dtype) for m, _ in reads]
         message, attach_s = timed({receiver.device}, attach, own, rows)
         nbytes = sum(len(m.to_bytes()) for m, _ in reads)  # each sender ships its rows after the prefix
-        reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
+        if full:
+            reply = receiver.answer_recomputed(question, message, len(own), first_rows(rows, self.recompute_first),
+                                               max_new_tokens=self.max_new_tokens)
+        else:
+            reply = receiver.answer(question, message=message, max_new_tokens=self.max_new_tokens)
         kept = tuple(((0, len(d)),) for d in documents)
         return Outcome(self.name, reply.text, nbytes, reply.context, tuple(seconds), reply.seconds + attach_s + own_s,
                        {"message_rows": len(message), "prefix_rows": len(prefix), "latent_steps": self.latent_steps},

@@ -62,19 +62,21 @@ def common_prefix(agents: Sequence[Agent], splits: Sequence[Split], receiver: Ag
     return want
 
 
-def prefix_state(agent: Agent, ids: list[int]) -> tuple[KVState, float, bool]:
+def prefix_state(agent: Agent, ids: list[int], full_history: bool = False) -> tuple[KVState, float, bool]:
     """The prefix's K/V, computed once per agent and held (`held_value`: inside `shared_reads`, across questions
-    with `HeldReads`): (state, seconds charged, held?)."""
+    with `HeldReads`): (state, seconds charged, held?). `full_history`: every row kept on sliding layers (what a
+    receiver that recomputes attached rows needs)."""
     key = ("index", "prefix", agent.uid, agent.model_name, str(agent.dtype), str(agent.device),
-           text_key(" ".join(map(str, ids))))
-    return held_value(key, lambda: agent.read_on(None, ids), agent.device)
+           text_key(" ".join(map(str, ids)))) + (("full",) if full_history else ())
+    return held_value(key, lambda: agent.read_on(None, ids, full_history), agent.device)
 
 
-def read_after(agent: Agent, prefix: KVState, s: Split, latent_steps: int, latent_mode: str) -> tuple[KVState, float]:
+def read_after(agent: Agent, prefix: KVState, s: Split, latent_steps: int, latent_mode: str,
+               full_history: bool = False) -> tuple[KVState, float]:
     """One sender's read on the held prefix: its rows after the prefix (document, template tail and G latent rows,
     at positions P..), and its seconds."""
     t0 = now(agent.device)
-    state = agent.think(agent.read_on(prefix, s.ids[s.cut:]), latent_steps, latent_mode)
+    state = agent.think(agent.read_on(prefix, s.ids[s.cut:], full_history), latent_steps, latent_mode, full_history)
     rows = state.select(list(range(len(prefix), len(state))))  # (T_i − P rows) what it sends
     return rows, now(agent.device) - t0
 
@@ -83,3 +85,12 @@ def attach(prefix: KVState, messages: Sequence[KVState]) -> KVState:
     """What the receiver attaches: the prefix, then each sender's rows, keys re-rotated to consecutive positions."""
     return KVState.concat([prefix, *messages])
 
+
+def first_rows(messages: Sequence[KVState], k: int) -> list[int]:
+    """EPIC's choice of rows to recompute: each message's first `k` rows (all of a shorter one), as indices into
+    the messages placed one after another."""
+    pick, offset = [], 0
+    for m in messages:
+        pick += range(offset, offset + min(k, len(m)))
+        offset += len(m)
+    return pick
