@@ -128,3 +128,16 @@ def test_recompute_first_runs_and_needs_a_shared_prefix(agent_for):
     for bad in ({"recompute_first": 2}, {"recompute_first": -1, "prefix": "shared"}):
         with pytest.raises(ConfigError, match="recompute_first"):
             get_protocol("fullkv", **bad)
+
+
+def test_moved_tteoa_adds_the_transfer_at_the_declared_link():
+    from latentwire.errors import ConfigError
+    from latentwire.protocols.base import Outcome, transfer_seconds
+
+    out = Outcome("x", "a", 125_000_000, 10, (3.0, 2.0), 1.0, read_seconds=(2.5, 1.0))  # 1 Gbit of message
+    assert out.question_tteoa == 2.0 and out.moved_tteoa() == pytest.approx(3.0)  # + 1 s at 1 Gbit/s
+    assert out.moved_tteoa(None) == 2.0 and out.moved_tteoa(10.0) == pytest.approx(2.1)
+    assert transfer_seconds(125_000_000, 0.1) == pytest.approx(10.0)
+    assert Outcome("x", "a", 10, 1, (1.0,), 1.0).moved_tteoa() is None  # reads not separable: no question time
+    with pytest.raises(ConfigError, match="link speed"):
+        transfer_seconds(1, 0)

@@ -18,6 +18,19 @@ SENDER_PROMPT = "Read this document.\n\n{document}"
 QUESTION_SUFFIX = "\n\nQuestion: {question}"
 
 
+LINK_GBIT_S = 1.0  # the declared link of question-time TTEOA with transfer; study pages also show 0.1 and 10
+LINKS_GBIT_S = (None, 0.1, 1.0, 10.0)  # None: one process, nothing moves
+
+
+def transfer_seconds(nbytes: int, gbit_per_s: float | None = LINK_GBIT_S) -> float:
+    """Seconds to move `nbytes` over a link of `gbit_per_s` (10⁹ bits a second; None: one process, 0 s)."""
+    if gbit_per_s is None:
+        return 0.0
+    if not gbit_per_s > 0:
+        raise ConfigError(f"a link speed is > 0 Gbit/s (or None: one process), got {gbit_per_s!r}")
+    return 8.0 * nbytes / (gbit_per_s * 1e9)
+
+
 @dataclass(frozen=True)
 class Outcome:
     protocol: str
@@ -56,6 +69,12 @@ class Outcome:
         if self.read_seconds is None:
             return None
         return max((s - r for s, r in zip(self.sender_seconds, self.read_seconds)), default=0.0) + self.receiver_seconds
+
+    def moved_tteoa(self, gbit_per_s: float | None = LINK_GBIT_S) -> float | None:
+        """Question-time TTEOA with the message moved over a link of `gbit_per_s` (None: one process, nothing
+        moves): every sender's bytes cross one link, one after another (`transfer_seconds`)."""
+        q = self.question_tteoa
+        return None if q is None else q + transfer_seconds(self.message_bytes, gbit_per_s)
 
 
 @dataclass
