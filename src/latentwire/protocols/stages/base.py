@@ -14,7 +14,7 @@ from typing import ClassVar
 
 import torch
 
-from ...errors import ConfigError
+from ...errors import ConfigError, UnknownNameError
 from ...registry import Registry, construct
 
 STAGES = Registry("stage")
@@ -26,6 +26,7 @@ class Stage:
     """One step of a message; subclasses add their parameters as fields and override what they do."""
     kind: ClassVar[str]
     name: ClassVar[str]
+    positional: ClassVar[bool] = False  # the first field may be given without its name: probe(16)
 
     def check(self, protocol) -> None:
         """Refuse (ConfigError naming this stage) a protocol whose other stages or read this stage cannot serve."""
@@ -46,8 +47,6 @@ class Stage:
             args.append(repr(value) if i == 0 and self.positional else f"{f.name}={value!r}")
         return f"{self.name}({', '.join(args)})"
 
-    positional: ClassVar[bool] = False  # the first field may be given without its name: probe(16)
-
 
 def stage(kind: str, value, **params) -> Stage:
     """A stage of `kind` from a stage, or from its registered name with `params` (typed errors, as protocols)."""
@@ -59,7 +58,6 @@ def stage(kind: str, value, **params) -> Stage:
         raise ConfigError(f"a {kind} stage is a stage or its name, got {value!r}")
     names = [n for n, c in STAGES.items() if c.kind == kind]
     if value not in names:
-        from ...errors import UnknownNameError
         raise UnknownNameError(f"{kind} stage", value, names)
     return construct("stage", value, STAGES[value], **params)
 

@@ -17,6 +17,7 @@ from ...select import SELECTORS, TextSelector, fused_row_scores, get_selector, r
 from ...select import unit_row_scores
 from ...select.presses import rerun_seconds
 from ...templates import KV_PROMPT
+from ...errors import UnknownNameError
 from .base import STAGES, Held, Stage
 
 QUERY_FORMATS = ("turn", "raw")  # the question as the receiver's next chat turn, or its tokens alone
@@ -80,7 +81,6 @@ class Attention(Score):
         if self.selector in SELECTORS and issubclass(SELECTORS[self.selector], TextSelector):
             raise self.refuse(f"{self.selector!r} scores text, not a read: use text({self.selector!r})")
         if self.query not in QUERY_FORMATS:
-            from ...errors import UnknownNameError
             raise UnknownNameError("attention query format", self.query, QUERY_FORMATS)
         self._selector = get_selector(self.selector, **self.params)
         self._windowed: dict = {}
@@ -139,7 +139,6 @@ class Text(Score):
 
     def __post_init__(self):
         if self.selector not in text_selectors():
-            from ...errors import UnknownNameError
             raise UnknownNameError("text selector", self.selector, text_selectors())
         if isinstance(self.draft, bool) or not isinstance(self.draft, int) or self.draft < 0:
             raise self.refuse(f"draft must be an int ≥ 0 (answer tokens the sender decodes), got {self.draft!r}")

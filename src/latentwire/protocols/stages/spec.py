@@ -190,7 +190,8 @@ def from_flat(params: dict, chain: bool = False, kinds=tuple(FLAT), selector: st
     protocol's default); keywords of no stage pass through. A stage given both as a stage and by flat keywords is
     refused (ConfigError naming both)."""
     p, out = dict(params), {}
-    p.setdefault("selector", selector) if "score" not in p else None
+    if "score" not in p:
+        p.setdefault("selector", selector)
     for kind, keys in FLAT.items():
         if kind not in kinds:
             continue

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..calibration import GENERIC_QUESTION, calibrate, masked_question
+from ...errors import UnknownNameError
 from .base import STAGES, Held, Stage
 from .score import CALIBRATIONS, DEEP, PROBE_MIXES, Attention, Fuse, Score, Text, draft
 
@@ -40,7 +41,6 @@ class Probe(Score):
         if isinstance(self.tokens, bool) or not isinstance(self.tokens, int) or self.tokens < 1:
             raise self.refuse(f"tokens must be an int ≥ 1 (answer tokens decoded to score with), got {self.tokens!r}")
         if self.mix not in PROBE_MIXES:
-            from ...errors import UnknownNameError
             raise UnknownNameError("probe mix", self.mix, PROBE_MIXES)
         if _attention_of(self, "probe") is not self.of:
             raise self.refuse("wraps attention(...) directly")
@@ -80,7 +80,6 @@ class Calibrated(Score):
 
     def __post_init__(self):
         if self.background not in CALIBRATIONS:
-            from ...errors import UnknownNameError
             raise UnknownNameError("calibration", self.background, CALIBRATIONS)
         if not self.floor > 0:
             raise self.refuse(f"floor (flat: calibration_floor) must be > 0, got {self.floor!r}")
