@@ -61,14 +61,8 @@ def cacheback_send(node, spec, document: str, question: str, index: int = 0):
     sent = p.send_one(agent, document, question, index)
     t1 = now(agent.device)
     m = sent.part
-    if isinstance(m, Spans):  # text (+ latent rows) for a receiver of any model: the message names no rows
-        packed, kept = node.pack(m, protocol=p.name), m.spans
-        sent.timing.update(spans=len(m.spans), text_chars=len(m.text),  # as CacheBackX.run records them
-                           latent_rows=0 if m.latents is None else len(m.latents))
-    elif isinstance(m, KVState):  # K/V: cacheback's K/V encodings, or cacheback_x "translated"
-        packed, kept = node.pack(m, protocol=p.name), sent.kept
-        if getattr(p, "delivery", None) == "translated":  # as CacheBackX.run records it (CacheBack.run does not)
-            sent.timing.update(translated_rows=len(m))
+    if isinstance(m, (Spans, KVState)):  # text for a receiver of any model, or K/V: the message names no rows
+        packed, kept = node.pack(m, protocol=p.name), p.encoding.kept([m], (sent.kept,))[0]  # as `run` reports
     else:
         budget = fanin_budget(sent.timing["rows"], p.ratio)
         packed, kept = node.pack(m, protocol=p.name, positions=sent.positions,
@@ -88,7 +82,6 @@ def fanin_answer(node, spec, question: str, *packed):
     `run` does (`CacheBack.reply`). `unpack_s` times decoding plus joining.
     """
     from ..protocols.cacheback import CacheBack
-    from ..message import Rows, Spans
     from ..state import KVState
 
     p = node.protocol(*spec)
@@ -100,17 +93,9 @@ def fanin_answer(node, spec, question: str, *packed):
     reply = p.reply(node.agent, question, message) if isinstance(p, CacheBack) else \
         node.agent.answer(question, message=message, max_new_tokens=p.max_new_tokens)
     out = _answer_info(reply) | _received_info(got) | {"unpack_s": unpack_s, "message_rows": len(message)}
-    if isinstance(message, Rows):
-        out |= {"rows_bytes": message.nbytes, "token_id_bytes": message.token_id_nbytes}
-    if isinstance(bodies[0], Spans):
-        text_bytes = sum(len(b.text.encode("utf-8")) for b in bodies)
-        out |= {"spans_bytes": sum(b.nbytes for b in bodies), "text_bytes": text_bytes,
-                "text_rows": int((message.token_ids != -1).sum()), "latent_rows": int((message.token_ids == -1).sum())}
-    if isinstance(p, CacheBack) and isinstance(message, KVState):
-        if p.encoding.attached:  # each sender's serialised state, as CacheBack.run counts it
-            out |= {"kv_bytes": sum(len(b.to_bytes()) for b in bodies)}
-        else:  # cacheback_x "translated": the K/V tensors, as CacheBackX.run counts them
-            out |= {"kv_bytes": sum(b.nbytes for b in bodies), "translated_rows": len(message)}
+    if isinstance(p, CacheBack):  # bytes and details as the protocol's own `run` counts them (its encoding stage)
+        nbytes, cost = p.encoding.cost(bodies, message)
+        out |= {"nbytes": nbytes, "cost": cost}
     return out
 
 
@@ -321,19 +306,8 @@ def _run_fanin(t: Transport, spec, kind, send, answer, senders, documents, recei
                "answer_token_ids": got["token_ids"]}
     kept = None
     if kind == "cacheback":
-        if "spans_bytes" in got:  # cacheback_x: document text (+ latent rows) for a receiver of another model
-            nbytes = got["spans_bytes"]
-            details |= {"delivery": spec[1]["encoding"].delivery, "text_rows": got["text_rows"],
-                        "latent_rows": got["latent_rows"], "text_bytes": got["text_bytes"],
-                        "latent_bytes": nbytes - got["text_bytes"]}
-        elif "kv_bytes" in got:  # cacheback's K/V encodings, or cacheback_x "translated" (receiver's geometry)
-            nbytes = got["kv_bytes"]
-            details |= {"kv_bytes": nbytes}
-            if "translated_rows" in got:
-                details |= {"delivery": spec[1]["encoding"].delivery, "translated_rows": got["translated_rows"]}
-        else:
-            nbytes = got["rows_bytes"] if spec[1]["encoding"].name == "rows" else got["token_id_bytes"]
-            details |= {"rows_bytes": got["rows_bytes"], "token_id_bytes": got["token_id_bytes"]}
+        nbytes = got["nbytes"]
+        details |= got["cost"]
         details |= {"senders": [i["timing"] for i in live], "sent_positions": [i["positions"] for i in live]}
         kept = tuple(() if i is None else tuple(i["kept"]) for i in infos)
         receiver_s = got["seconds"] + got["unpack_s"]
